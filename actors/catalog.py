@@ -1,0 +1,104 @@
+"""What the runtime knows about a tool without running it (SPEC §3.2, §4.5, §8).
+
+The round's gates decide from these declarations alone; the tool registry builds them from
+each tool's own definition, and an agent profile may override a trait per connection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any
+
+
+class Trait(StrEnum):
+    EXPLORATION = "exploration"    # fetches data a later step reads
+    EXPLOITATION = "exploitation"  # consumes data already visible
+    NEUTRAL = "neutral"            # neither
+    UNKNOWN = "unknown"            # declared nothing: compatible with nothing
+
+
+class Safety(StrEnum):
+    SAFE = "safe"
+    WRITE = "write"                # absent in ask mode (§4.6)
+
+
+ASK_USER_TOOL = "react.ask_user"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolDecl:
+    tool_id: str
+    trait: Trait = Trait.UNKNOWN
+    safety: Safety = Safety.SAFE
+    uses_code: bool = False
+    transitions_state: bool = False
+    states: frozenset[str] | None = None  # None: available in every state
+    description: str = ""
+    params_schema: Mapping[str, Any] = field(default_factory=dict)
+
+    def available_in(self, state: str) -> bool:
+        return self.states is None or state in self.states
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """An accepted, schema-valid call_tool action, ready to execute."""
+
+    call_id: str
+    tool_id: str
+    params: Mapping[str, Any]
+    code: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """What the world said about one call. Every call gets exactly one (SPEC §4.2)."""
+
+    call_id: str
+    tool_id: str
+    ok: bool
+    result: Mapping[str, Any] | None = None   # when ok
+    error: str | None = None                  # error code when not ok, e.g. "timeout"
+    detail: Mapping[str, Any] = field(default_factory=dict)  # extra fields of the error payload
+    duration_ms: int = 0
+    ui_commands: tuple[Mapping[str, Any], ...] = ()
+
+    def payload(self) -> dict[str, Any]:
+        """The JSON the model sees as this call's observation."""
+        if self.ok:
+            return dict(self.result or {})
+        return {"error": self.error, **self.detail}
+
+
+class Catalog:
+    """The tools one conversation may know of, after its profile's overrides."""
+
+    def __init__(self, decls: Iterable[ToolDecl]) -> None:
+        self._decls = {d.tool_id: d for d in decls}
+
+    def get(self, tool_id: str) -> ToolDecl | None:
+        return self._decls.get(tool_id)
+
+    def __contains__(self, tool_id: object) -> bool:
+        return tool_id in self._decls
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._decls.values())
+
+    def with_overrides(
+        self,
+        traits: Mapping[str, Trait] | None = None,
+        states: Mapping[str, frozenset[str] | None] | None = None,
+    ) -> Catalog:
+        decls = dict(self._decls)
+        for tool_id, trait in (traits or {}).items():
+            decls[tool_id] = replace(decls[tool_id], trait=trait)
+        for tool_id, st in (states or {}).items():
+            decls[tool_id] = replace(decls[tool_id], states=st)
+        return Catalog(decls.values())
+
+    def restricted_to(self, tool_ids: Iterable[str]) -> Catalog:
+        keep = set(tool_ids)
+        return Catalog(d for d in self._decls.values() if d.tool_id in keep)
