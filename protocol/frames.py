@@ -1,0 +1,250 @@
+"""The wire frames of `reactgate.v1` (SPEC §6), sans-I/O.
+
+Every client frame is a msgspec `Struct` tagged by `type` and decoded straight from the
+WebSocket payload by one decoder, so a bad frame fails in exactly one place with a message
+that names the field (`Expected `str`, got `int` - at `$.text``). The gateway turns a
+`FrameError` into an `error` frame and keeps the connection open (SPEC §6 "Bad input").
+
+Server frames share one encoder. Events are the hot path: `encode_event` splices the
+`type` tag in front of the already-durable `Event`'s own encoding instead of copying it into
+another struct.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum, StrEnum
+from typing import Annotated, Any, Final, Literal
+
+import msgspec
+
+from protocol.events import Event
+
+SUBPROTOCOL: Final = "reactgate.v1"
+WS_PATH: Final = "/ws"
+
+# ---------------------------------------------------------------------------------------------
+# Policy tables: error codes and close codes, referenced by name everywhere else.
+
+
+class ErrorCode(StrEnum):
+    BAD_REQUEST = "bad_request"
+    UNAUTHORIZED = "unauthorized"
+    FORBIDDEN = "forbidden"
+    NOT_FOUND = "not_found"
+    RATE_LIMITED = "rate_limited"
+    TOO_LARGE = "too_large"
+    SLOW_CONSUMER = "slow_consumer"
+    OVERLOADED = "overloaded"
+    INTERNAL = "internal"
+
+
+ERROR_CODES: Final[dict[ErrorCode, str]] = {
+    ErrorCode.BAD_REQUEST: "invalid JSON, unknown frame type, or a missing/ill-typed field; "
+    "the connection stays open (10 in a row close it with 1008)",
+    ErrorCode.UNAUTHORIZED: "missing, invalid or expired JWT: the handshake is refused with HTTP 401",
+    ErrorCode.FORBIDDEN: "the caller does not own the conversation (same reply whether or not it exists)",
+    ErrorCode.NOT_FOUND: "`open` named an agent profile the server does not serve",
+    ErrorCode.RATE_LIMITED: "the connection's token bucket is empty; the frame was not processed",
+    ErrorCode.TOO_LARGE: "a frame over max_frame_bytes: the connection is closed with 1009",
+    ErrorCode.SLOW_CONSUMER: "the send queue overflowed: the conversation's subscription is paused; "
+    "re-subscribe with `last_seq` to lose nothing",
+    ErrorCode.OVERLOADED: "a per-connection limit is reached (e.g. 64 watched conversations); "
+    "at the server level, max connections closes with 1013",
+    ErrorCode.INTERNAL: "an unexpected server error; details are logged, never sent",
+}
+
+
+class CloseCode(IntEnum):
+    """WebSocket close codes the gateway uses (RFC 6455 §7.4, IANA registry)."""
+
+    POLICY_VIOLATION = 1008   # too many bad frames in a row
+    MESSAGE_TOO_BIG = 1009    # a frame over max_frame_bytes (websockets' max_size)
+    SERVICE_RESTART = 1012    # drain on SIGTERM
+    TRY_AGAIN_LATER = 1013    # max connections reached
+
+
+# ---------------------------------------------------------------------------------------------
+# Client -> gateway.
+
+FrameId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+ConversationId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+Seq = Annotated[int, msgspec.Meta(ge=0)]
+Mode = Literal["agent", "ask"]
+ID_MAX_CHARS: Final = 128
+
+
+class _ClientFrame(
+    msgspec.Struct, tag_field="type", forbid_unknown_fields=True, frozen=True, kw_only=True
+):
+    id: FrameId
+
+
+class Open(_ClientFrame, tag="open", frozen=True):
+    conversation_id: ConversationId | None = None
+    agent: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] | None = None
+    mode: Mode | None = None
+
+
+class Subscribe(_ClientFrame, tag="subscribe", frozen=True):
+    conversation_id: ConversationId
+    after_seq: Seq = 0
+
+
+class Unsubscribe(_ClientFrame, tag="unsubscribe", frozen=True):
+    conversation_id: ConversationId
+
+
+class UserMessageFrame(_ClientFrame, tag="user_message", frozen=True):
+    conversation_id: ConversationId
+    text: Annotated[str, msgspec.Meta(min_length=1)]
+
+
+class SteerFrame(_ClientFrame, tag="steer", frozen=True):
+    conversation_id: ConversationId
+    text: Annotated[str, msgspec.Meta(min_length=1)]
+
+
+class AnswerFrame(_ClientFrame, tag="answer", frozen=True):
+    conversation_id: ConversationId
+    ask_id: Annotated[str, msgspec.Meta(min_length=1, max_length=ID_MAX_CHARS)]
+    answer: str
+
+
+class SetModeFrame(_ClientFrame, tag="set_mode", frozen=True):
+    conversation_id: ConversationId
+    mode: Mode
+
+
+class CancelFrame(_ClientFrame, tag="cancel", frozen=True):
+    conversation_id: ConversationId
+
+
+class Ping(_ClientFrame, tag="ping", frozen=True):
+    pass
+
+
+ClientFrame = (
+    Open
+    | Subscribe
+    | Unsubscribe
+    | UserMessageFrame
+    | SteerFrame
+    | AnswerFrame
+    | SetModeFrame
+    | CancelFrame
+    | Ping
+)
+CommandFrame = UserMessageFrame | SteerFrame | AnswerFrame | SetModeFrame | CancelFrame
+CLIENT_FRAME_TYPES: Final[tuple[str, ...]] = (
+    "open", "subscribe", "unsubscribe", "user_message", "steer", "answer", "set_mode", "cancel", "ping",
+)
+
+
+class FrameError(Exception):
+    """A client frame the gateway cannot act on. Becomes an `error` frame, never a crash."""
+
+    def __init__(self, code: ErrorCode, message: str, id: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.id = id
+
+
+class _IdProbe(msgspec.Struct):
+    """Reads only `id` of a frame that failed to decode, skipping everything else."""
+
+    id: Any = None
+
+
+_client_decoder: Final = msgspec.json.Decoder(ClientFrame)
+_id_probe: Final = msgspec.json.Decoder(_IdProbe)
+_DECODE_ERRORS: Final = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
+
+
+def recover_id(data: bytes | str) -> str | None:
+    """The frame's `id` when it is an object with a valid string id, else None."""
+    try:
+        probe = _id_probe.decode(data)
+    except _DECODE_ERRORS:
+        return None
+    if isinstance(probe.id, str) and 1 <= len(probe.id) <= ID_MAX_CHARS:
+        return probe.id
+    return None
+
+
+def decode_client_frame(data: bytes | str) -> ClientFrame:
+    """Decode one client text frame. Raises only `FrameError` (code bad_request)."""
+    try:
+        return _client_decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        message = str(exc)
+        if message.startswith("Invalid value") and message.endswith("`$.type`"):
+            message = f"{message}; known types: {', '.join(CLIENT_FRAME_TYPES)}"
+        raise FrameError(ErrorCode.BAD_REQUEST, message, recover_id(data)) from None
+    except msgspec.DecodeError as exc:
+        raise FrameError(ErrorCode.BAD_REQUEST, f"invalid JSON: {exc}", None) from None
+    except RecursionError:
+        raise FrameError(ErrorCode.BAD_REQUEST, "JSON nested too deeply", recover_id(data)) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Gateway -> client.
+
+AckStatus = Literal["accepted", "duplicate"]
+
+
+class _ServerFrame(msgspec.Struct, tag_field="type", frozen=True, kw_only=True, omit_defaults=True):
+    pass
+
+
+class Ack(_ServerFrame, tag="ack", frozen=True):
+    id: str
+    status: AckStatus               # always sent: omit_defaults must not drop it
+    conversation_id: str | None = None
+    last_seq: int | None = None     # open: the conversation's head; subscribe: its head at subscribe
+    after_seq: int | None = None    # subscribe: where the stream starts
+
+
+class ErrorFrame(_ServerFrame, tag="error", frozen=True):
+    code: ErrorCode
+    message: str
+    id: str | None = None
+    conversation_id: str | None = None
+    last_seq: int | None = None     # slow_consumer: the last seq delivered before the pause
+
+
+class EventFrame(_ServerFrame, tag="event", frozen=True):
+    conversation_id: str
+    seq: int
+    event: str
+    data: dict[str, Any]
+    ts: float
+
+
+class Pong(_ServerFrame, tag="pong", frozen=True):
+    id: str
+
+
+ServerFrame = Ack | ErrorFrame | EventFrame | Pong
+
+_encoder: Final = msgspec.json.Encoder()
+_server_decoder: Final = msgspec.json.Decoder(ServerFrame)
+_EVENT_PREFIX: Final = b'{"type":"event",'
+
+
+def encode_frame(frame: ServerFrame) -> bytes:
+    return _encoder.encode(frame)
+
+
+def encode_event(event: Event) -> bytes:
+    """`{"type":"event", <the Event's own fields>}` without copying the event into a new struct.
+
+    An `Event` encodes as a JSON object that starts with `{`: replacing that byte by the tag
+    prefix gives the same bytes `encode_frame(EventFrame(...))` would.
+    """
+    return _EVENT_PREFIX + _encoder.encode(event)[1:]
+
+
+def decode_server_frame(data: bytes | str) -> ServerFrame:
+    """For clients (CLI, load test, tests): one decoder for everything the gateway sends."""
+    return _server_decoder.decode(data)
