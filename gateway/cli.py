@@ -15,18 +15,58 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="reactgate", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
+    serve = sub.add_parser("serve", help="serve agent conversations over WebSockets (demo agent with no flags)")
+    serve.add_argument("--host", help="bind address (default 127.0.0.1; anything else needs an auth secret)")
+    serve.add_argument("--port", type=int, help="port (default 8765; 0 picks a free one)")
+    serve.add_argument("--backend", choices=["ray", "local"], help="hosting backend (default ray)")
+    serve.add_argument("--agent", help="agent profile TOML (default: the built-in demo agent)")
+    serve.add_argument("--script", help="play this scripted-model JSON instead of the profile's model")
+    serve.add_argument("--model", help="LiteLLM model string serving the agent (provider key from the environment)")
+    serve.add_argument("--store", help="sqlite:///PATH (default ./data/reactgate.sqlite3) or postgresql://...")
+    serve.add_argument("--ray-address", help="join this Ray cluster instead of starting a local one")
+    serve.add_argument("--auth-secret", help="JWT HS256 secret (prefer REACTGATE_AUTH_SECRET: argv is visible)")
+
     mock = sub.add_parser("mock-llm", help="serve a script as an OpenAI-compatible SSE endpoint")
     mock.add_argument("--script", required=True, help="script JSON file (SPEC §7)")
     mock.add_argument("--host", default="127.0.0.1")
     mock.add_argument("--port", type=int, default=8766)
 
     args = parser.parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
     if args.command == "mock-llm":
         from actors.llm.mock_server import run_mock_server
 
         return run_mock_server(args.script, host=args.host, port=args.port)
     parser.error(f"unknown command {args.command}")
     return 2
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    from pydantic import ValidationError
+
+    from gateway.app import StartupError, build_backend
+    from gateway.server import run
+    from gateway.settings import BindRefused, Settings, check_bind
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    overrides = {
+        key: value
+        for key in ("host", "port", "backend", "agent", "script", "model", "store", "ray_address", "auth_secret")
+        if (value := getattr(args, key)) is not None
+    }
+    try:
+        settings = Settings(**overrides)
+        check_bind(settings)
+        backend = build_backend(settings)
+    except (StartupError, BindRefused, ValidationError) as exc:
+        print(f"reactgate serve: {exc}", file=sys.stderr)
+        return 2
+    asyncio.run(run(settings, backend))
+    return 0
 
 
 if __name__ == "__main__":

@@ -144,24 +144,32 @@ class LocalToolExecutor:
     def exploration_count(self, conversation_id: str) -> int:
         return self._exploration.get(conversation_id, 0)
 
-    def export_state(self) -> dict[str, Any]:
-        """Counters and workspaces as plain JSON-able data, for the store."""
-        ids = sorted(set(self._exploration) | set(self._workspaces))
+    def export_conversation(self, conversation_id: str) -> dict[str, Any]:
+        """One conversation's counters and workspace as plain data, for its snapshot: exploration
+        counters are durable with the conversation (SPEC §4.3 "counted authoritatively")."""
         return {
-            "conversations": {
-                cid: {
-                    "exploration": self._exploration.get(cid, 0),
-                    "workspace": copy.deepcopy(self._workspaces.get(cid, {})),
-                }
-                for cid in ids
-            }
+            "exploration": self._exploration.get(conversation_id, 0),
+            "workspace": copy.deepcopy(self._workspaces.get(conversation_id, {})),
         }
+
+    def import_conversation(self, conversation_id: str, state: Mapping[str, Any]) -> None:
+        self._exploration[conversation_id] = int(state.get("exploration", 0))
+        self._workspaces[conversation_id] = copy.deepcopy(dict(state.get("workspace", {})))
+
+    def forget(self, conversation_id: str) -> None:
+        """Drop a passivated conversation's state from memory (its snapshot holds it)."""
+        self._exploration.pop(conversation_id, None)
+        self._workspaces.pop(conversation_id, None)
+
+    def export_state(self) -> dict[str, Any]:
+        """Every conversation's counters and workspace, as plain JSON-able data."""
+        ids = sorted(set(self._exploration) | set(self._workspaces))
+        return {"conversations": {cid: self.export_conversation(cid) for cid in ids}}
 
     def import_state(self, state: Mapping[str, Any]) -> None:
         """Restore what export_state produced; conversations it names are replaced."""
         for cid, conv in state.get("conversations", {}).items():
-            self._exploration[cid] = int(conv.get("exploration", 0))
-            self._workspaces[cid] = copy.deepcopy(dict(conv.get("workspace", {})))
+            self.import_conversation(cid, conv)
 
     def _slots(self, conversation_id: str) -> _Slots:
         slots = self._conversation_slots.get(conversation_id)

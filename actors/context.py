@@ -1,0 +1,252 @@
+"""Context assembly: the prompt for the next decision, rendered from the timeline (SPEC §4.11).
+
+Within the model's budget (LiteLLM's token counting) it never drops the system prompt, the turn's
+user message or the latest observation (kept whole); it folds the oldest blocks into one summary
+first, and that summary keeps the last tool JSON it folded verbatim. The system prompt teaches the
+decision protocol with a worked example, lists the tools of the current state and mode with their
+params schemas and traits, and states the rules the model will be held to.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import msgspec
+
+from actors.catalog import ToolDecl
+from actors.gates import CONTINUE_EXPLORING, EXPLORATION_MARKER, STOP_EXPLORING
+from protocol.timeline import (
+    Block,
+    FinalBlock,
+    NoticeBlock,
+    SteerBlock,
+    SummaryBlock,
+    ThinkingBlock,
+    ToolCallBlock,
+    ToolResultBlock,
+    UserMessageBlock,
+)
+
+Message = dict[str, str]
+TokenCounter = Callable[[Sequence[Message]], int]
+
+LEDGER_MAX_CHARS: Final = 1500
+
+
+# -- the step ledger ------------------------------------------------------------------------------
+
+
+class Step(msgspec.Struct, frozen=True):
+    tool_id: str
+    params_digest: str
+    ok: bool
+
+
+def params_digest(params: Any) -> str:
+    canonical = json.dumps(params, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:10]
+
+
+def ledger_summary(steps: Sequence[Step], limit: int = LEDGER_MAX_CHARS) -> str:
+    """The most recent steps that fit in `limit` characters, oldest first."""
+    if not steps:
+        return ""
+    header = f"Steps so far ({len(steps)}):"
+    lines: list[str] = []
+    used = len(header)
+    for n, step in zip(range(len(steps), 0, -1), reversed(steps), strict=False):
+        line = f"\n{n}. {step.tool_id} [{step.params_digest}] {'ok' if step.ok else 'error'}"
+        if used + len(line) > limit - 20:
+            lines.append(f"\n(… {n} earlier steps)")
+            break
+        lines.append(line)
+        used += len(line)
+    return header + "".join(reversed(lines))
+
+
+# -- the system prompt ----------------------------------------------------------------------------
+
+_PROTOCOL: Final = """You are an agent governed by a runtime. Every response you write follows this protocol exactly.
+
+Write channel blocks, separated only by whitespace, in this order:
+1. <channel:thinking>one or two short sentences of status for the user</channel:thinking> — first, exactly once.
+2. One or more <channel:action> blocks (at most {max_actions}), each holding ONE JSON object, bare or in a ```json fence:
+   - call a tool: {{"action": "call_tool", "tool_call": {{"tool_id": "<id>", "params": {{...}}}}}}
+   - finish with an answer: {{"action": "complete", "final_answer": "<the answer for the user>"}}
+   - stop when you cannot or should not go on: {{"action": "exit", "final_answer": "<why, for the user>", "reason": "<short>"}}
+   - to ask the user, call the tool react.ask_user with {{"question": "...", "options": ["...", "..."]}}.
+3. <channel:code>…</channel:code> — only for a tool marked uses_code; at most one.
+4. <channel:summary>…</channel:summary> — only with complete or exit; a short continuity summary.
+Write nothing outside the blocks. Use only the keys shown.
+
+Rules you are held to:
+- Observe before you finish: answer with complete only after at least one tool observation in this turn{finish_note}.
+- Never put complete or exit in the same response as a tool whose result you have not seen, except neutral tools.
+- An exploitation tool (it uses data already visible) cannot share a response with an exploration tool (it fetches data).
+- Exploration tools are budgeted ({cap} per turn). When a call returns EXPLORATION_BUDGET_REACHED, your next tool call
+  must be react.ask_user with {marker} in the question and the options "{cont}" and "{stop}".
+- Observations and runtime notices arrive as user messages starting with [observation] or [notice]. A notice says
+  exactly what was rejected and why; correct that and continue.
+
+Worked example — the user asks "What's the weather in Paris?":
+<channel:thinking>Checking the weather in Paris.</channel:thinking>
+<channel:action>```json
+{{"action": "call_tool", "tool_call": {{"tool_id": "demo.weather", "params": {{"city": "Paris"}}}}}}
+```</channel:action>
+Then, after the observation {{"city": "Paris", "condition": "rain", "temp_c": 12}}:
+<channel:thinking>Paris is rainy right now.</channel:thinking>
+<channel:action>{{"action": "complete", "final_answer": "It is raining in Paris, 12 °C."}}</channel:action>
+"""
+
+
+def system_prompt(
+    *,
+    agent: str,
+    state: str,
+    mode: str,
+    tools: Sequence[ToolDecl],
+    max_actions: int,
+    exploration_cap: int,
+    allow_no_tool: bool,
+    ledger: str,
+) -> str:
+    finish_note = " (this agent may also answer without a tool when no tool is needed)" if allow_no_tool else ""
+    parts = [
+        _PROTOCOL.format(
+            max_actions=max_actions, cap=exploration_cap, marker=EXPLORATION_MARKER,
+            cont=CONTINUE_EXPLORING, stop=STOP_EXPLORING, finish_note=finish_note,
+        ),
+        f"Agent: {agent}. Current state: {state}. Mode: {mode}"
+        + (" (read-only: tools that write are not available)." if mode == "ask" else "."),
+        "Tools available now:",
+    ]
+    for decl in tools:
+        flags = [f"trait={decl.trait}", f"safety={decl.safety}"]
+        if decl.uses_code:
+            flags.append("uses_code")
+        if decl.transitions_state:
+            flags.append("changes state")
+        schema = json.dumps(_compact_schema(decl.params_schema), ensure_ascii=False)
+        parts.append(f"- {decl.tool_id} ({', '.join(flags)}): {decl.description}\n  params: {schema}")
+    if ledger:
+        parts.append(ledger)
+    return "\n".join(parts)
+
+
+def _compact_schema(schema: Any) -> Any:
+    """The params schema without pydantic's titles: fewer tokens, same meaning."""
+    if isinstance(schema, dict):
+        return {k: _compact_schema(v) for k, v in schema.items() if k != "title"}
+    if isinstance(schema, list):
+        return [_compact_schema(v) for v in schema]
+    return schema
+
+
+# -- rendering the timeline -----------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Unit:
+    message: Message
+    required: bool
+    tool_json: str | None = None   # the observation JSON this unit carries, if any
+
+
+def _action_block(obj: dict[str, Any]) -> str:
+    return f"<channel:action>{json.dumps(obj, ensure_ascii=False)}</channel:action>"
+
+
+def render_timeline(blocks: Sequence[Block], turn_id: str) -> list[_Unit]:
+    units: list[_Unit] = []
+    assistant: list[str] = []
+    latest_result = max(
+        (i for i, b in enumerate(blocks) if isinstance(b, ToolResultBlock)), default=-1
+    )
+
+    def flush_assistant() -> None:
+        if assistant:
+            units.append(_Unit({"role": "assistant", "content": "\n".join(assistant)}, required=False))
+            assistant.clear()
+
+    for i, block in enumerate(blocks):
+        if isinstance(block, ThinkingBlock):
+            flush_assistant()
+            assistant.append(f"<channel:thinking>{block.text}</channel:thinking>")
+        elif isinstance(block, ToolCallBlock):
+            assistant.append(
+                _action_block({"action": "call_tool", "tool_call": {"tool_id": block.tool_id, "params": block.params}})
+            )
+            if block.code is not None:
+                assistant.append(f"<channel:code>{block.code}</channel:code>")
+        elif isinstance(block, FinalBlock):
+            assistant.append(_action_block({"action": "complete", "final_answer": block.text}))
+        elif isinstance(block, SummaryBlock):
+            assistant.append(f"<channel:summary>{block.text}</channel:summary>")
+        else:
+            flush_assistant()
+            if isinstance(block, UserMessageBlock):
+                units.append(_Unit({"role": "user", "content": block.text}, required=block.turn_id == turn_id))
+            elif isinstance(block, ToolResultBlock):
+                payload = json.dumps(block.payload, ensure_ascii=False)
+                units.append(
+                    _Unit(
+                        {"role": "user", "content": f"[observation] {block.tool_id} ({block.call_id}): {payload}"},
+                        required=i == latest_result, tool_json=payload,
+                    )
+                )
+            elif isinstance(block, NoticeBlock):
+                units.append(_Unit({"role": "user", "content": f"[notice] {json.dumps(block.notice, ensure_ascii=False)}"},
+                                   required=False))
+            elif isinstance(block, SteerBlock):
+                units.append(_Unit({"role": "user", "content": (
+                    f"[steer] The user interrupted you: {block.text}\n"
+                    f"Your interrupted output was:\n{block.interrupted_raw}\n"
+                    "Finish now: answer with complete or exit only."
+                )}, required=block.turn_id == turn_id))
+    flush_assistant()
+    return units
+
+
+def assemble(
+    system: str,
+    blocks: Sequence[Block],
+    *,
+    turn_id: str,
+    budget_tokens: int,
+    count_tokens: TokenCounter,
+) -> list[Message]:
+    """The messages for the next decision, within `budget_tokens` where that is possible at all."""
+    units = render_timeline(blocks, turn_id)
+    head: Message = {"role": "system", "content": system}
+    sizes = [count_tokens([u.message]) for u in units]
+    total = count_tokens([head]) + sum(sizes)
+    if total <= budget_tokens:
+        return [head, *(u.message for u in units)]
+    folded: list[_Unit] = []
+    kept = list(range(len(units)))
+    for i in range(len(units)):  # oldest first
+        if units[i].required:
+            continue
+        kept.remove(i)
+        folded.append(units[i])
+        summary = _summary(folded)
+        if count_tokens([head]) + count_tokens([summary]) + sum(sizes[k] for k in kept) <= budget_tokens:
+            break
+    summary = _summary(folded)
+    return [head, summary, *(units[k].message for k in kept)]
+
+
+def _summary(folded: Sequence[_Unit]) -> Message:
+    users = sum(1 for u in folded if u.message["role"] == "user" and u.tool_json is None)
+    observations = [u for u in folded if u.tool_json is not None]
+    text = (
+        f"[summary] {len(folded)} earlier messages were folded to fit the context: "
+        f"{users} user or notice messages, {len(observations)} observations."
+    )
+    if observations:
+        text += f" The last folded observation, verbatim: {observations[-1].tool_json}"
+    return {"role": "user", "content": text}

@@ -1,0 +1,255 @@
+"""The conversation: a logical actor, single writer of its state (SPEC §5).
+
+It owns the timeline, the step ledger, mode, agent state, the queue of pending user messages and
+the event log (where seq is assigned). Commands arrive one at a time from its host's mailbox;
+turns run one after another, so two user messages never interleave within one turn (§4.10).
+No Ray and no sockets here: a host (local or Ray) wraps it, and a test drives it directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import msgspec
+
+from actors.catalog import Catalog, Observation, ToolCall
+from actors.context import Step, TokenCounter
+from actors.eventlog import EventLog
+from actors.profile import AgentProfile
+from actors.tools.registry import ToolRegistry
+from actors.turn import Turn, TurnProgress
+from protocol.timeline import Block
+
+log = logging.getLogger("reactgate.conversation")
+
+Mode = Literal["agent", "ask"]
+
+
+class QueuedMessage(msgspec.Struct, frozen=True):
+    message_id: str
+    text: str
+
+
+class ConversationState(msgspec.Struct, kw_only=True):
+    """Everything a snapshot holds; re-activation on any host starts from it (SPEC §5 Passivation)."""
+
+    conversation_id: str
+    agent: str
+    mode: Mode = "agent"
+    agent_state: str = "default"
+    timeline: list[Block] = msgspec.field(default_factory=list)
+    ledger: list[Step] = msgspec.field(default_factory=list)
+    model_calls: int = 0          # the scripted model's "i-th call" survives a move between hosts
+    turns: int = 0
+    queue: list[QueuedMessage] = msgspec.field(default_factory=list)
+    tools: dict[str, Any] = msgspec.field(default_factory=dict)  # the tool executor's per-conversation state
+    current: TurnProgress | None = None   # the running turn, resumed after a crash
+
+    def encode(self) -> bytes:
+        return msgspec.msgpack.encode(self)
+
+    @staticmethod
+    def decode(data: bytes) -> ConversationState:
+        return msgspec.msgpack.decode(data, type=ConversationState)
+
+
+class ToolExecutor(Protocol):
+    async def execute_batch(
+        self, conversation_id: str, turn_id: str, calls: Sequence[ToolCall], *,
+        exploration_cap: int, timeout_s: float, catalog: Catalog | None = None,
+    ) -> list[Observation]: ...
+
+    async def reset_exploration(self, conversation_id: str) -> None: ...
+
+
+StreamModel = Callable[..., AsyncIterator[Any]]
+
+
+def litellm_token_counter(model: str) -> TokenCounter:
+    def count(messages: Sequence[Mapping[str, str]]) -> int:
+        import litellm
+
+        return int(litellm.token_counter(model=model, messages=list(messages)))
+
+    return count
+
+
+@dataclass
+class Runtime:
+    """What a host gives every conversation it hosts."""
+
+    registry: ToolRegistry
+    tools: ToolExecutor
+    stream_model: StreamModel
+    count_tokens: TokenCounter | None = None
+    model_kwargs: dict[str, Any] = field(default_factory=dict)  # api_base, api_key for `openai/` models
+
+
+class Conversation:
+    def __init__(self, state: ConversationState, profile: AgentProfile, runtime: Runtime, events: EventLog) -> None:
+        self.state = state
+        self.profile = profile
+        self.policies = profile.policies
+        self.runtime = runtime
+        self.events = events
+        self.tools = runtime.tools
+        self.catalog = (
+            runtime.registry.catalog()
+            .restricted_to(profile.tool_ids)
+            .with_overrides(profile.trait_overrides(), profile.tool_states())
+        )
+        self.count_tokens = runtime.count_tokens or litellm_token_counter(profile.model)
+        self._answers: dict[str, asyncio.Future[str]] = {}
+        self._turn: Turn | None = None
+        self._runner: asyncio.Task[None] | None = None
+        self._cancel_turn = False
+        self.on_checkpoint: Callable[[], None] | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def conversation_id(self) -> str:
+        return self.state.conversation_id
+
+    @property
+    def busy(self) -> bool:
+        return not self._idle.is_set()
+
+    # -- the mailbox ------------------------------------------------------------------------------
+
+    def user_message(self, message_id: str, text: str) -> None:
+        """Start a turn, or queue it as a follow-up if one is running (SPEC §4.10)."""
+        self.state.queue.append(QueuedMessage(message_id, text))
+        self._kick()
+
+    def resume(self) -> None:
+        """After activation: continue a turn cut by a crash, then anything queued."""
+        if self.state.current is not None or self.state.queue:
+            self._kick()
+
+    def steer(self, text: str, message_id: str = "") -> None:
+        if self._turn is not None:
+            self._turn.steer(text)
+        else:  # nothing to steer: the words are a message of their own
+            self.user_message(message_id or f"steer-{self.state.turns + 1}", text)
+
+    def answer(self, ask_id: str, answer: str) -> bool:
+        future = self._answers.get(ask_id)
+        if future is None or future.done():
+            return False
+        future.set_result(answer)
+        return True
+
+    def set_mode(self, mode: Mode) -> None:
+        """Sticky until changed; the next round's tool list and gates follow it (SPEC §4.6)."""
+        self.state.mode = mode
+
+    def cancel(self) -> None:
+        """End the running turn (reason `cancelled`); queued follow-ups still run."""
+        if self._runner is not None and self._turn is not None and not self._cancel_turn:
+            self._cancel_turn = True
+            self._turn.cancelled_by_user = True
+            self._runner.cancel()
+
+    async def idle(self) -> None:
+        """Wait until no turn runs and nothing is queued, and every event is durable."""
+        await self._idle.wait()
+        await self.events.flush()
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            self._runner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._runner
+        await self.events.close()
+
+    def checkpoint(self) -> None:
+        """A consistent point (turn start, round end, tools observed, turn end): the host saves it."""
+        self.state.current = self._turn.progress() if self._turn is not None else None
+        if self.on_checkpoint is not None:
+            self.on_checkpoint()
+
+    def snapshot(self) -> bytes:
+        export = getattr(self.tools, "export_conversation", None)
+        if export is not None:
+            self.state.tools = export(self.conversation_id)
+        return self.state.encode()
+
+    # -- for the turn ------------------------------------------------------------------------------
+
+    def emit(self, name: str, data: dict[str, Any]) -> None:
+        self.events.emit(name, data)
+
+    def record(self, block: Block) -> None:
+        self.state.timeline.append(block)
+
+    def validate_params(self, tool_id: str, params: Mapping[str, object]) -> list[str]:
+        return self.runtime.registry.validate_params(tool_id, params)[1]
+
+    def stream(self, messages: list[dict[str, str]]) -> AsyncIterator[Any]:
+        return self.runtime.stream_model(  # type: ignore[no-any-return]
+            self.profile.models, messages, conversation_id=self.conversation_id,
+            next_call_index=self._next_call_index, **self.runtime.model_kwargs,
+        )
+
+    def _next_call_index(self) -> int:
+        index = self.state.model_calls
+        self.state.model_calls += 1
+        return index
+
+    def resolve_state(self, result: Mapping[str, Any]) -> None:
+        """After a transitions_state tool: its result names the new state (SPEC §4.5)."""
+        new = result.get("state")
+        if isinstance(new, str) and new in self.profile.states:
+            self.state.agent_state = new
+
+    def expect_answer(self, ask_id: str) -> asyncio.Future[str]:
+        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._answers[ask_id] = future
+        return future
+
+    def forget_answer(self, ask_id: str) -> None:
+        self._answers.pop(ask_id, None)
+
+    def pending_asks(self) -> list[str]:
+        return [k for k, f in self._answers.items() if not f.done()]
+
+    def log_exception(self, message: str) -> None:
+        log.exception("%s (conversation %s)", message, self.conversation_id)
+
+    # -- running turns -------------------------------------------------------------------------------
+
+    def _kick(self) -> None:
+        if self._runner is None or self._runner.done():
+            self._idle.clear()
+            self._runner = asyncio.get_running_loop().create_task(self._run_queue())
+
+    async def _run_queue(self) -> None:
+        try:
+            while self.state.current is not None or self.state.queue:
+                resumed = self.state.current is not None
+                if self.state.current is not None:
+                    turn = Turn.resume(self, self.state.current)
+                else:
+                    message = self.state.queue.pop(0)
+                    self.state.turns += 1
+                    turn = Turn(self, f"t{self.state.turns}", message.message_id, message.text)
+                self._turn = turn
+                try:
+                    await turn.run(resumed=resumed)
+                except asyncio.CancelledError:
+                    self._turn = None
+                    if not self._cancel_turn:
+                        raise  # closing: the snapshot keeps the turn in progress
+                    self._cancel_turn = False
+                    asyncio.current_task().uncancel()  # type: ignore[union-attr]  # `cancel` ends one turn only
+                self._turn = None
+                self.checkpoint()
+        finally:
+            self._turn = None
+            self._idle.set()

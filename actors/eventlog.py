@@ -1,0 +1,144 @@
+"""A conversation's event log: seq assignment, delta coalescing, write-ahead publishing (SPEC §5, §6).
+
+- `seq` is assigned here, once an event is final, strictly increasing by 1 and never reused.
+- Coalescing: the first delta of a lane is final at once (time to first token); later deltas of
+  the same lane merge for up to `flush_interval_ms`. Any other event closes the open delta
+  first, so order is preserved.
+- Write-ahead rule: events go to subscribers only after `persist` returned (the store made them
+  durable). No event reaches a client before it is durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from protocol.events import Event
+
+Persist = Callable[[Sequence[Event]], Awaitable[None]]
+Publish = Callable[[Sequence[Event]], None]
+
+DELTA_EVENTS = frozenset({"thinking.delta", "answer.delta"})
+
+
+class EventLog:
+    def __init__(
+        self,
+        conversation_id: str,
+        *,
+        last_seq: int = 0,
+        flush_interval_ms: float = 25,
+        persist: Persist | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.conversation_id = conversation_id
+        self.last_seq = last_seq              # the last seq assigned
+        self.durable_seq = last_seq           # the last seq the store made durable
+        self._interval = flush_interval_ms / 1000
+        self._persist = persist
+        self._clock = clock
+        self._open: tuple[tuple[Any, ...], str, dict[str, Any], float] | None = None  # lane, name, data, ts
+        self._lanes_seen: set[tuple[Any, ...]] = set()
+        self._outbox: list[Event] = []
+        self._subscribers: list[Publish] = []
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._writer: asyncio.Task[None] | None = None
+        self._failure: BaseException | None = None
+
+    # -- producing -------------------------------------------------------------------------------
+
+    def emit(self, name: str, data: dict[str, Any]) -> None:
+        """Record an event; coalesces deltas of one lane. Never blocks (single writer, no awaits)."""
+        if self._failure is not None:
+            raise RuntimeError("the event log can no longer persist") from self._failure
+        if name in DELTA_EVENTS:
+            lane = (name, data.get("turn_id"), data.get("round"))
+            if self._open is not None and self._open[0] == lane and self._interval > 0:
+                open_data = self._open[2]
+                open_data["text"] += data["text"]
+                return
+            self._close_open()
+            if lane not in self._lanes_seen or self._interval <= 0:
+                self._lanes_seen.add(lane)
+                self._final(name, data)  # the first delta of a lane goes at once
+                return
+            self._open = (lane, name, dict(data), self._clock())
+            self._kick()
+            return
+        self._close_open()
+        self._final(name, data)
+
+    def _close_open(self) -> None:
+        if self._open is not None:
+            _, name, data, ts = self._open
+            self._open = None
+            self._final(name, data, ts)
+
+    def _final(self, name: str, data: dict[str, Any], ts: float | None = None) -> None:
+        self.last_seq += 1
+        self._outbox.append(
+            Event(conversation_id=self.conversation_id, seq=self.last_seq, event=name, data=data,
+                  ts=ts if ts is not None else self._clock())
+        )
+        self._kick()
+
+    def _kick(self) -> None:
+        self._idle.clear()
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.get_running_loop().create_task(self._write_loop())
+        self._wake.set()
+
+    # -- consuming --------------------------------------------------------------------------------
+
+    def subscribe(self, publish: Publish) -> Callable[[], None]:
+        """`publish` receives every durable event batch from now on. Returns an unsubscribe."""
+        self._subscribers.append(publish)
+        return lambda: self._subscribers.remove(publish) if publish in self._subscribers else None
+
+    async def flush(self) -> None:
+        """Close any open delta and wait until every event so far is durable and published."""
+        self._close_open()
+        if self._outbox:
+            self._kick()
+        await self._idle.wait()
+        if self._failure is not None:
+            raise RuntimeError("the event log could not persist") from self._failure
+
+    async def close(self) -> None:
+        with contextlib.suppress(RuntimeError):
+            await self.flush()
+        if self._writer is not None:
+            self._writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._writer
+
+    async def _write_loop(self) -> None:
+        while True:
+            if not self._outbox and self._open is None:
+                self._idle.set()
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            if not self._outbox:  # only an open delta: let it gather for the flush interval
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self._interval)
+                if not self._outbox:
+                    self._close_open()
+                continue
+            batch, self._outbox = self._outbox, []
+            try:
+                if self._persist is not None:
+                    await self._persist(batch)
+            except BaseException as exc:  # a store failure must never look like delivery
+                self._failure = exc
+                self._idle.set()
+                raise
+            self.durable_seq = batch[-1].seq
+            for publish in list(self._subscribers):
+                publish(batch)

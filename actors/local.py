@@ -1,0 +1,103 @@
+"""The `local` backend: conversations hosted in-process by one `HostCore` (SPEC §5 Backends).
+
+Same conversation logic as the Ray backend — only the hosting shell differs. Ownership is
+checked here, before any conversation is touched: a caller who does not own a conversation gets
+`Forbidden`, whether or not it exists.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
+
+from actors.conversation import Runtime
+from actors.host import HostCore
+from actors.hosting import AckStatus, Command, Forbidden, Opened, Owner, SetMode, UnknownAgent
+from actors.profile import AgentProfile
+from actors.store import Store
+from actors.subscription import replay_then_live
+from protocol.events import Event
+
+
+def new_conversation_id() -> str:
+    """Unguessable: 128 random bits (SPEC §6 "server-generated, unguessable id")."""
+    return "c_" + secrets.token_urlsafe(16)
+
+
+class Owners:
+    """Who owns which conversation, read through from the store and cached."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._cache: dict[str, tuple[Owner, str]] = {}
+
+    async def create(self, owner: Owner, agent: str, now: float) -> str:
+        cid = new_conversation_id()
+        await self._store.create_conversation(cid, owner, agent, now)
+        self._cache[cid] = (owner, agent)
+        return cid
+
+    async def check(self, owner: Owner, conversation_id: str) -> str:
+        """The conversation's agent, if `owner` owns it; else Forbidden (exists or not)."""
+        found = self._cache.get(conversation_id)
+        if found is None:
+            found = await self._store.conversation_owner(conversation_id)
+            if found is not None:
+                if len(self._cache) > 100_000:
+                    self._cache.clear()
+                self._cache[conversation_id] = found
+        if found is None or found[0] != owner:
+            raise Forbidden(conversation_id)
+        return found[1]
+
+
+class LocalBackend:
+    def __init__(
+        self,
+        store: Store,
+        runtime: Runtime,
+        profiles: Mapping[str, AgentProfile],
+        *,
+        default_agent: str,
+        idle_ttl_s: float = 600,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.profiles = profiles
+        self.default_agent = default_agent
+        self.clock = clock
+        self.host = HostCore(store, runtime, profiles, idle_ttl_s=idle_ttl_s, clock=clock)
+        self.owners = Owners(store)
+
+    async def start(self) -> None:
+        await self.store.open()
+        self.host.start()
+
+    async def stop(self) -> None:
+        await self.host.close()
+        await self.store.close()
+
+    async def open(self, owner: Owner, conversation_id: str | None, agent: str | None, mode: str | None) -> Opened:
+        if conversation_id is None:
+            name = agent or self.default_agent
+            if name not in self.profiles:
+                raise UnknownAgent(name)
+            conversation_id = await self.owners.create(owner, name, self.clock())
+        else:
+            await self.owners.check(owner, conversation_id)
+        if mode is not None:
+            await self.host.command(conversation_id, SetMode(id=f"open-{uuid.uuid4().hex}", mode=mode))  # type: ignore[arg-type]
+        return Opened(conversation_id, await self.store.last_seq(conversation_id))
+
+    async def command(self, owner: Owner, conversation_id: str, command: Command) -> AckStatus:
+        await self.owners.check(owner, conversation_id)
+        return await self.host.command(conversation_id, command)  # type: ignore[return-value]
+
+    async def subscribe(self, owner: Owner, conversation_id: str, after_seq: int) -> AsyncIterator[list[Event]]:
+        await self.owners.check(owner, conversation_id)
+        async for batch in replay_then_live(
+            self.store, conversation_id, after_seq, lambda listener: self.host.listen(conversation_id, listener)
+        ):
+            yield batch

@@ -1,0 +1,50 @@
+"""Durable tool results: a tool call whose result is durable is never executed again (SPEC §5 Faults).
+
+Wraps any executor. Before running a batch it asks the store for results already recorded under
+the same call ids (a batch re-submitted after a crash); it runs only the rest, and records each
+new result before the turn sees it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from actors.catalog import Catalog, Observation, ToolCall
+from actors.store import Store
+
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder(Observation).decode
+
+
+class DurableTools:
+    def __init__(self, inner: Any, store: Store) -> None:
+        self.inner = inner
+        self.store = store
+
+    async def execute_batch(
+        self, conversation_id: str, turn_id: str, calls: Sequence[ToolCall], *,
+        exploration_cap: int, timeout_s: float, catalog: Catalog | None = None,
+    ) -> list[Observation]:
+        known: dict[str, Observation] = {}
+        for call in calls:
+            data = await self.store.tool_result(conversation_id, call.call_id)
+            if data is not None:
+                known[call.call_id] = _decode(data)
+        todo = [c for c in calls if c.call_id not in known]
+        if todo:
+            fresh = await self.inner.execute_batch(
+                conversation_id, turn_id, todo, exploration_cap=exploration_cap, timeout_s=timeout_s, catalog=catalog
+            )
+            for obs in fresh:
+                if await self.store.record_tool_result(conversation_id, obs.call_id, _encode(obs)):
+                    known[obs.call_id] = obs
+                else:  # another activation recorded it first: theirs is the one that counts
+                    stored = await self.store.tool_result(conversation_id, obs.call_id)
+                    known[obs.call_id] = _decode(stored) if stored is not None else obs
+        return [known[c.call_id] for c in calls]
+
+    def __getattr__(self, name: str) -> Any:  # reset_exploration, export/import_conversation, forget
+        return getattr(self.inner, name)

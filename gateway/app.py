@@ -1,0 +1,86 @@
+"""Assembly: settings in, a ready backend out — the agent profile, its model, tools, store, hosting.
+
+Everything `reactgate serve` needs is decided here, at start-up, so that a bad profile, a bad
+script or an unusable store is a clear error before the port opens (SPEC §9).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from actors.conversation import Runtime
+from actors.hosting import Backend
+from actors.llm.scripts import load_script, register_script
+from actors.llm.stream import stream_model
+from actors.profile import AgentProfile, demo_profile, load_profile
+from actors.store import store_from_url
+from actors.tools.demo import demo_registry
+from actors.tools.durable import DurableTools
+from actors.tools.executor import LocalToolExecutor
+from actors.tools.registry import ToolRegistry
+from gateway.settings import Settings
+
+SERVE_SCRIPT_NAME = "serve"
+
+
+class StartupError(Exception):
+    """A configuration problem found at start-up; the message says what and where."""
+
+
+@dataclass(frozen=True)
+class AgentSetup:
+    profile: AgentProfile
+    registry: ToolRegistry
+    script_path: Path | None   # registered in every process that plays it (Ray workers too)
+
+
+def agent_setup(settings: Settings) -> AgentSetup:
+    registry = demo_registry()
+    try:
+        profile = (
+            load_profile(settings.agent, known_tools=registry) if settings.agent else demo_profile(known_tools=registry)
+        )
+    except ValueError as exc:  # ProfileError names the file and the field
+        raise StartupError(str(exc)) from None
+    if settings.model:
+        profile = profile.with_model(settings.model)
+    script_path = None
+    if settings.script:
+        script_path = Path(settings.script).resolve()
+        register_playback(script_path)
+        profile = profile.with_script(SERVE_SCRIPT_NAME)
+    return AgentSetup(profile, registry, script_path)
+
+
+def register_playback(script_path: Path) -> None:
+    try:
+        register_script(SERVE_SCRIPT_NAME, load_script(script_path))
+    except ValueError as exc:  # ScriptError names the file and the field
+        raise StartupError(str(exc)) from None
+
+
+def local_backend(settings: Settings, setup: AgentSetup) -> Backend:
+    from actors.local import LocalBackend
+
+    store = store_from_url(settings.store)
+    runtime = Runtime(
+        registry=setup.registry,
+        tools=DurableTools(LocalToolExecutor(setup.registry), store),
+        stream_model=stream_model,
+    )
+    return LocalBackend(
+        store, runtime, {setup.profile.name: setup.profile},
+        default_agent=setup.profile.name, idle_ttl_s=settings.idle_ttl_s,
+    )
+
+
+def build_backend(settings: Settings) -> Backend:
+    if settings.store.startswith("sqlite:///") and not settings.store.startswith("sqlite:///:memory:"):
+        Path(settings.store.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    setup = agent_setup(settings)
+    if settings.backend == "local":
+        return local_backend(settings, setup)
+    from actors.ray_backend import RayBackend
+
+    return RayBackend(settings, setup)
