@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,8 +53,12 @@ class HostCore:
         *,
         idle_ttl_s: float = 600,
         clock: Callable[[], float] = time.time,
+        claim: Callable[[str], Awaitable[None]] | None = None,
+        release: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         self.store = store
+        self._claim = claim        # single activation across hosts: the Directory must grant it
+        self._release = release
         self.runtime = runtime
         self.profiles = profiles
         self.idle_ttl_s = idle_ttl_s
@@ -152,6 +156,8 @@ class HostCore:
             self._activating.pop(conversation_id, None)
 
     async def _activate(self, conversation_id: str) -> _Active:
+        if self._claim is not None:
+            await self._claim(conversation_id)  # raises when another host holds the activation
         found = await self.store.conversation_owner(conversation_id)
         if found is None:
             raise UnknownConversation(conversation_id)
@@ -235,6 +241,8 @@ class HostCore:
         forget = getattr(self.runtime.tools, "forget", None)
         if forget is not None:
             forget(conversation_id)
+        if self._release is not None:
+            await self._release(conversation_id)
         return True
 
     async def _reap_idle(self) -> None:

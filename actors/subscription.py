@@ -9,13 +9,15 @@ queue is dropped and the stream refills from the store.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from actors.store import Store
 from protocol.events import Event
 
 Listener = Callable[[Sequence[Event]], None]
-Attach = Callable[[Listener], Callable[[], None]]
+Detach = Callable[[], None]
+Attach = Callable[[Listener], Detach | Awaitable[Detach]]
 
 PAGE = 500
 MAX_QUEUED_BATCHES = 1000
@@ -37,7 +39,8 @@ async def replay_then_live(
             return
         queue.put_nowait(batch)
 
-    detach = attach(on_batch)  # attach first, then read: nothing published in between is missed
+    attached = attach(on_batch)  # attach first, then read: nothing published in between is missed
+    detach: Detach = await attached if inspect.isawaitable(attached) else attached  # type: ignore[assignment]
     last = after_seq
     try:
         while True:
@@ -49,7 +52,7 @@ async def replay_then_live(
                 break
         while True:
             batch = await queue.get()
-            if batch is None or overflowed:
+            if not batch or overflowed:  # None: overflow; []: a hint to look in the store (host failover)
                 overflowed = False
                 async for page in _read_from(store, conversation_id, last):
                     last = page[-1].seq

@@ -1,0 +1,79 @@
+"""Where a conversation lives: rendezvous hashing over live hosts, one activation at a time (SPEC §5).
+
+Pure and synchronous; the Directory Ray actor is a shell around it. The table is the single
+authority: a conversation is assigned to exactly one host until that host is reported dead, and
+only then re-placed — on the live host with the highest rendezvous weight, so a host's death moves
+only its own conversations.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+
+
+def rendezvous_weight(conversation_id: str, host: str) -> int:
+    digest = hashlib.blake2b(f"{host}\x00{conversation_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def rendezvous_pick(conversation_id: str, hosts: Iterable[str]) -> str:
+    return max(hosts, key=lambda h: rendezvous_weight(conversation_id, h))
+
+
+class NoLiveHost(Exception):
+    pass
+
+
+class PlacementTable:
+    def __init__(self) -> None:
+        self.live: set[str] = set()
+        self.assigned: dict[str, str] = {}   # conversation id → host holding its single activation
+        self.epoch = 0                       # bumped on every membership change
+
+    def add_host(self, host: str) -> None:
+        if host not in self.live:
+            self.live.add(host)
+            self.epoch += 1
+
+    def host_failed(self, host: str) -> list[str]:
+        """Mark a host dead; returns the conversations it held (they re-place on next use)."""
+        if host in self.live:
+            self.live.discard(host)
+            self.epoch += 1
+        moved = [cid for cid, h in self.assigned.items() if h == host]
+        for cid in moved:
+            del self.assigned[cid]
+        return moved
+
+    def place(self, conversation_id: str) -> str:
+        host = self.assigned.get(conversation_id)
+        if host is not None and host in self.live:
+            return host
+        if not self.live:
+            raise NoLiveHost("no live conversation host")
+        host = rendezvous_pick(conversation_id, self.live)
+        self.assigned[conversation_id] = host
+        return host
+
+    def claim(self, conversation_id: str, host: str) -> str:
+        """A host is about to activate a conversation: grant it unless another live host holds it.
+        Returns the host that holds the (single) activation."""
+        current = self.assigned.get(conversation_id)
+        if current is not None and current in self.live:
+            return current
+        self.add_host(host)
+        self.assigned[conversation_id] = host
+        return host
+
+    def release(self, conversation_id: str, host: str) -> None:
+        """A host passivated the conversation: it may activate anywhere next time."""
+        if self.assigned.get(conversation_id) == host:
+            del self.assigned[conversation_id]
+
+    def load(self) -> dict[str, int]:
+        counts = dict.fromkeys(self.live, 0)
+        for host in self.assigned.values():
+            if host in counts:
+                counts[host] += 1
+        return counts
