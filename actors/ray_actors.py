@@ -45,7 +45,7 @@ class ClusterConfig:
 
     store_url: str
     profiles: Mapping[str, AgentProfile]
-    script_path: str | None = None
+    scripts: Mapping[str, str] = field(default_factory=dict)  # script name → file, played as scripted/<name>
     idle_ttl_s: float = 600.0
     host_num_cpus: float = 0.0
     tool_max_concurrency_per_conversation: int = 4
@@ -53,11 +53,12 @@ class ClusterConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _register_script(config: ClusterConfig) -> None:
-    if config.script_path:
-        from gateway.app import register_playback
+def _register_scripts(config: ClusterConfig) -> None:
+    """The scripted model's registry is per process: every host registers the cluster's scripts."""
+    from actors.llm.scripts import register_script
 
-        register_playback(Path(config.script_path))
+    for name, path in config.scripts.items():
+        register_script(name, Path(path))
 
 
 class WrongHost(Exception):
@@ -165,7 +166,7 @@ class ConversationHost:
                 from actors.store import store_from_url
                 from actors.tools.demo import demo_registry
 
-                _register_script(self.config)
+                _register_scripts(self.config)
                 store = store_from_url(self.config.store_url)
                 await store.open()
                 pool = ray.get_actor(TOOL_POOL_NAME, namespace=NAMESPACE)

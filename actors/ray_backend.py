@@ -16,7 +16,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import ray
@@ -24,6 +24,7 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from actors.hosting import AckStatus, Command, Opened, Owner, SetMode, UnknownAgent
 from actors.local import Owners
+from actors.profile import AgentProfile
 from actors.ray_actors import (
     DIRECTORY_NAME,
     NAMESPACE,
@@ -71,17 +72,26 @@ class _HostLink:
 
 
 class RayBackend:
-    def __init__(self, settings: Any, setup: Any, *, hosts: int | None = None, placement: str | None = None) -> None:
+    def __init__(
+        self,
+        settings: Any,
+        profiles: Mapping[str, AgentProfile],
+        *,
+        default_agent: str,
+        scripts: Mapping[str, str] | None = None,
+        hosts: int | None = None,
+        placement: str | None = None,
+    ) -> None:
         self.settings = settings
-        self.profiles = {setup.profile.name: setup.profile}
-        self.default_agent = setup.profile.name
+        self.profiles = dict(profiles)
+        self.default_agent = default_agent
         self.gateway_id = f"gw-{uuid.uuid4().hex[:12]}"
         self.host_count = hosts or int(os.environ.get("REACTGATE_HOSTS", "2"))
         self.placement = placement or os.environ.get("REACTGATE_PLACEMENT", "sharded")
         self.config = ClusterConfig(
             store_url=settings.store,
             profiles=self.profiles,
-            script_path=str(setup.script_path) if setup.script_path else None,
+            scripts=dict(scripts or {}),
             idle_ttl_s=settings.idle_ttl_s,
         )
         self.store: Store = store_from_url(settings.store)

@@ -83,4 +83,8 @@ def build_backend(settings: Settings) -> Backend:
         return local_backend(settings, setup)
     from actors.ray_backend import RayBackend
 
-    return RayBackend(settings, setup)
+    return RayBackend(
+        settings, {setup.profile.name: setup.profile}, default_agent=setup.profile.name,
+        scripts={SERVE_SCRIPT_NAME: str(setup.script_path)} if setup.script_path else {},
+        placement=settings.placement,
+    )

@@ -1,0 +1,294 @@
+"""The durable store behind conversations: the interface every backend implements (SPEC §5 Store).
+
+A conversation is the single writer of its event log; the store makes that log durable and
+protects the guarantees that survive crashes and re-activations:
+
+- write-ahead rule (SPEC §5): `append_events` returns only once the events are durable, so no
+  event reaches a client before it is;
+- `seq` is never reused (SPEC §6): an append whose first seq is not `last_seq + 1` raises
+  `SeqConflict`, checked inside the committing transaction, so two activations that ever raced
+  cannot both write the same seq;
+- idempotency keys (SPEC §6) are checked and inserted atomically;
+- a tool call whose result is durable is never executed again (SPEC §5 Faults): first write wins.
+
+Every write goes through a group-commit queue (`GroupCommit`): concurrent writes of many
+conversations share one transaction and one fsync, which is what makes one SQLite file carry many
+conversations. Writes are committed in the order they were submitted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
+
+import msgspec
+
+from actors.hosting import Owner
+from protocol.events import Event
+
+# SPEC §6: idempotency keys are durable for at least 24 h; prune only what is older.
+IDEMPOTENCY_TTL_S = 24 * 3600.0
+
+DEFAULT_READ_LIMIT = 1000
+
+
+class StoreError(Exception):
+    """Base class of the store's own errors."""
+
+
+class StoreClosed(StoreError):
+    """The store is not open (never opened, or closed while the call was queued)."""
+
+
+class SeqConflict(StoreError):
+    """An append did not continue the conversation's log: a gap, or a seq already used.
+
+    Raised when the first seq of an append is not `last_seq + 1`, or the seqs of one append are not
+    contiguous. Nothing of that append was written.
+    """
+
+    def __init__(self, conversation_id: str, seq: int, last_seq: int | None) -> None:
+        self.conversation_id = conversation_id
+        self.seq = seq
+        self.last_seq = last_seq
+        found = "a non-contiguous batch" if last_seq is None else f"last_seq {last_seq}"
+        super().__init__(f"conversation {conversation_id!r}: seq {seq} does not follow {found}")
+
+
+class ConversationExists(StoreError):
+    """`create_conversation` named an id that already exists with another owner or agent."""
+
+
+@dataclass(slots=True)
+class StoreStats:
+    """Counters of the write path; `commits < writes` shows that group commit batched."""
+
+    commits: int = 0            # transactions committed (one fsync each)
+    writes: int = 0             # write operations committed (appends, snapshots, keys, ...)
+    appends: int = 0            # append_events calls committed
+    events: int = 0             # events appended
+    largest_batch: int = 0      # most write operations in one commit
+
+
+@runtime_checkable
+class Store(Protocol):
+    """The async durable store. Bound to the event loop that opened it."""
+
+    stats: StoreStats
+
+    async def open(self) -> None:
+        """Connect and create the schema if needed."""
+        ...
+
+    async def close(self) -> None:
+        """Commit what is queued, then disconnect."""
+        ...
+
+    async def create_conversation(
+        self, conversation_id: str, owner: Owner, agent: str, created_at: float
+    ) -> None:
+        """Record a new conversation. Repeating the same creation is a no-op; the same id with
+        another owner or agent raises ConversationExists."""
+        ...
+
+    async def conversation_owner(self, conversation_id: str) -> tuple[Owner, str] | None:
+        """(owner, agent) of the conversation, or None when it does not exist."""
+        ...
+
+    async def append_events(self, conversation_id: str, events: Sequence[Event]) -> None:
+        """Append events with caller-assigned, contiguous seqs starting at last_seq + 1.
+        Durable when it returns. Raises SeqConflict (nothing written) otherwise."""
+        ...
+
+    async def read_events(
+        self, conversation_id: str, after_seq: int, limit: int = DEFAULT_READ_LIMIT
+    ) -> list[Event]:
+        """Up to `limit` events with seq > after_seq, ordered by seq."""
+        ...
+
+    async def last_seq(self, conversation_id: str) -> int:
+        """The highest appended seq, 0 when none."""
+        ...
+
+    async def save_snapshot(self, conversation_id: str, seq: int, data: bytes) -> None:
+        """Store the conversation's serialized state as of `seq`. The snapshot with the highest seq
+        wins (ties: the later save); an older one saved late, e.g. by a stale activation, is ignored."""
+        ...
+
+    async def load_snapshot(self, conversation_id: str) -> tuple[int, bytes] | None:
+        """(seq, data) of the latest snapshot, or None."""
+        ...
+
+    async def remember_key(self, conversation_id: str, key: str, now: float) -> bool:
+        """Atomically record a client idempotency key: True when new, False when already seen."""
+        ...
+
+    async def prune_keys(self, older_than: float) -> int:
+        """Forget keys first seen before `older_than` (keep ≥ IDEMPOTENCY_TTL_S). Returns how many."""
+        ...
+
+    async def record_tool_result(self, conversation_id: str, call_id: str, payload: bytes) -> bool:
+        """Make a tool call's result durable. First write wins; returns whether this one was new."""
+        ...
+
+    async def tool_result(self, conversation_id: str, call_id: str) -> bytes | None:
+        """The durable result of a tool call, or None if it never completed durably."""
+        ...
+
+
+# -- helpers shared by the backends -------------------------------------------------------------
+
+_encode_data = msgspec.json.Encoder().encode
+_decode_data = msgspec.json.Decoder(dict[str, Any]).decode
+
+
+def encode_event_data(event: Event) -> bytes:
+    return _encode_data(event.data)
+
+
+def decode_event(conversation_id: str, seq: int, name: str, data: bytes, ts: float) -> Event:
+    return Event(conversation_id=conversation_id, seq=seq, event=name, data=_decode_data(data), ts=ts)
+
+
+def check_append(conversation_id: str, events: Sequence[Event]) -> None:
+    """Reject what no store state could make valid, before it reaches the writer."""
+    for event in events:
+        if event.conversation_id != conversation_id:
+            raise ValueError(
+                f"event {event.event_id} appended to conversation {conversation_id!r}"
+            )
+    first = events[0].seq
+    for offset, event in enumerate(events):
+        if event.seq != first + offset:
+            raise SeqConflict(conversation_id, event.seq, None)
+
+
+# -- group commit -------------------------------------------------------------------------------
+
+OpT = TypeVar("OpT")
+
+
+@dataclass(slots=True)
+class Pending(Generic[OpT]):
+    op: OpT
+    future: asyncio.Future[Any]
+    kind: str = "write"         # "append" counts into StoreStats.appends/events
+    events: int = 0
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What one write op produced inside a batch: a value, or the exception to raise to its caller."""
+
+    value: Any = None
+    error: BaseException | None = None
+
+
+def _consume(future: asyncio.Future[Any]) -> None:
+    # Marks the exception of a write whose caller was cancelled as retrieved (no loop warning).
+    if not future.cancelled():
+        future.exception()
+
+
+class GroupCommit(Generic[OpT]):
+    """Collects write ops from concurrent callers and commits them in batches.
+
+    One writer task takes everything queued (up to `max_batch`), hands it to `commit_batch`, which
+    runs the ops in one transaction and returns one Outcome per op, and resolves each caller's
+    future. While a batch commits, new ops queue up, so batches grow with load without a timer;
+    `max_delay_s` > 0 additionally lingers that long for a batch to fill. `commit_batch` counts
+    the transactions it commits into `StoreStats.commits`.
+    """
+
+    def __init__(
+        self,
+        commit_batch: Callable[[list[OpT]], Awaitable[list[Outcome]]],
+        stats: StoreStats,
+        *,
+        max_batch: int = 512,
+        max_delay_s: float = 0.0,
+    ) -> None:
+        self._commit_batch = commit_batch
+        self._stats = stats
+        self._max_batch = max_batch
+        self._max_delay_s = max_delay_s
+        self._queue: list[Pending[OpT]] = []
+        self._wake = asyncio.Event()
+        self._full = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+
+    def start(self) -> None:
+        self._closing = False
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="store-group-commit")
+
+    async def stop(self) -> None:
+        """Commit everything already queued, then stop; later submits raise StoreClosed."""
+        self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+            self._task = None
+
+    async def submit(self, op: OpT, *, kind: str = "write", events: int = 0) -> Any:
+        if self._closing or self._task is None:
+            raise StoreClosed("store is not open")
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(_consume)
+        self._queue.append(Pending(op, future, kind, events))
+        self._wake.set()
+        if len(self._queue) >= self._max_batch:
+            self._full.set()
+        # A cancelled caller does not cancel its write: it may still commit (the caller must then
+        # re-read last_seq), which is the same ambiguity as a crash right after the commit.
+        return await asyncio.shield(future)
+
+    async def _run(self) -> None:
+        while True:
+            if not self._queue:
+                if self._closing:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            if self._max_delay_s > 0 and len(self._queue) < self._max_batch and not self._closing:
+                self._full.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._max_delay_s):
+                        await self._full.wait()
+            batch = self._queue[: self._max_batch]
+            del self._queue[: self._max_batch]
+            await self._commit(batch)
+
+    async def _commit(self, batch: list[Pending[OpT]]) -> None:
+        try:
+            outcomes = await self._commit_batch([p.op for p in batch])
+        except asyncio.CancelledError:
+            # The writer itself is cancelled (loop shutdown): whether the batch committed is unknown.
+            for pending in batch:
+                pending.future.cancel()
+            raise
+        except Exception as exc:
+            # The batch as a whole failed (e.g. the connection broke), and its outcome may be unknown
+            # (a commit whose acknowledgement was lost): every caller learns it and must re-read.
+            for pending in batch:
+                if not pending.future.done():
+                    pending.future.set_exception(exc)
+            return
+        stats = self._stats
+        stats.largest_batch = max(stats.largest_batch, len(batch))
+        for pending, outcome in zip(batch, outcomes, strict=True):
+            if outcome.error is None:
+                stats.writes += 1
+                if pending.kind == "append":
+                    stats.appends += 1
+                    stats.events += pending.events
+            if pending.future.done():
+                continue
+            if outcome.error is not None:
+                pending.future.set_exception(outcome.error)
+            else:
+                pending.future.set_result(outcome.value)

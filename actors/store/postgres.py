@@ -1,0 +1,433 @@
+"""The cluster store: PostgreSQL through psycopg 3 async, written with group commit (SPEC §5 Store).
+
+One writer connection commits batches of writes from all the conversations of this process (one
+transaction, one WAL flush per batch); a small pool of autocommit connections serves reads.
+Several processes (hosts) may share one database: the seq check reads the conversation's
+`streams` row under a row lock inside the committing transaction, and the events primary key is
+the backstop, so two activations that ever raced cannot both append the same seq (SPEC §6 "never
+reused"); keys and tool results rely on `ON CONFLICT DO NOTHING`, atomic across processes. All the
+appends of a batch are written with three statements, whatever their number.
+
+Durability follows the server's `synchronous_commit` (on by default: a commit is flushed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from actors.hosting import Owner
+from actors.store.base import (
+    DEFAULT_READ_LIMIT,
+    ConversationExists,
+    GroupCommit,
+    Outcome,
+    SeqConflict,
+    StoreClosed,
+    StoreError,
+    StoreStats,
+    check_append,
+    decode_event,
+    encode_event_data,
+)
+from protocol.events import Event
+
+Conn = psycopg.AsyncConnection[Any]
+
+
+@dataclass(slots=True)
+class _Append:
+    """An append as data, so that all the appends of a batch are written set-wise."""
+
+    conversation_id: str
+    first: int
+    last: int
+    seqs: list[int]
+    names: list[str]
+    datas: list[bytes]
+    tss: list[float]
+
+
+WriteOp = _Append | Callable[[Conn], Awaitable[Any]]
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS conversations (
+    conversation_id text PRIMARY KEY,
+    tenant text NOT NULL,
+    sub text NOT NULL,
+    agent text NOT NULL,
+    created_at double precision NOT NULL
+);
+CREATE TABLE IF NOT EXISTS streams (
+    conversation_id text PRIMARY KEY,
+    last_seq bigint NOT NULL
+);
+CREATE TABLE IF NOT EXISTS events (
+    conversation_id text NOT NULL,
+    seq bigint NOT NULL,
+    event text NOT NULL,
+    data bytea NOT NULL,
+    ts double precision NOT NULL,
+    PRIMARY KEY (conversation_id, seq)
+);
+CREATE TABLE IF NOT EXISTS snapshots (
+    conversation_id text PRIMARY KEY,
+    seq bigint NOT NULL,
+    data bytea NOT NULL
+);
+CREATE TABLE IF NOT EXISTS idempotency_keys (
+    conversation_id text NOT NULL,
+    key text NOT NULL,
+    seen_at double precision NOT NULL,
+    PRIMARY KEY (conversation_id, key)
+);
+CREATE INDEX IF NOT EXISTS idempotency_keys_seen_at ON idempotency_keys (seen_at);
+CREATE TABLE IF NOT EXISTS tool_results (
+    conversation_id text NOT NULL,
+    call_id text NOT NULL,
+    payload bytea NOT NULL,
+    PRIMARY KEY (conversation_id, call_id)
+);
+"""
+
+# Serializes schema creation of processes starting together (CREATE ... IF NOT EXISTS can race).
+_SCHEMA_LOCK = 0x72656163  # "reac"
+
+_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+class PostgresStore:
+    """`Store` on PostgreSQL. `schema` puts every table in that schema (created on open), so
+    deployments and tests can share one database without seeing each other."""
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str | None = None,
+        readers: int = 2,
+        max_batch: int = 512,
+        max_delay_s: float = 0.0,
+        connect_timeout_s: float = 10.0,
+    ) -> None:
+        if schema is not None and not _IDENTIFIER.fullmatch(schema):
+            raise ValueError(f"schema must be a lower-case SQL identifier, got {schema!r}")
+        self.dsn = dsn
+        self.schema = schema
+        self.stats = StoreStats()
+        self._connect_timeout_s = connect_timeout_s
+        self._readers_size = readers
+        self._group: GroupCommit[WriteOp] = GroupCommit(
+            self._commit_batch, self.stats, max_batch=max_batch, max_delay_s=max_delay_s
+        )
+        self._writer: Conn | None = None
+        self._idle: asyncio.Queue[Conn | None] | None = None
+        self._reader_conns: set[Conn] = set()
+        self._open = False
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        if self._open:
+            return
+        writer = await self._connect()
+        try:
+            async with writer.transaction():
+                await writer.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+                if self.schema is not None:
+                    await writer.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
+                await writer.execute(SCHEMA)
+        except BaseException:
+            await writer.close()
+            raise
+        self._writer = writer
+        self._idle = asyncio.Queue()
+        for _ in range(self._readers_size):
+            self._idle.put_nowait(None)         # readers connect on first use
+        self._open = True
+        self._group.start()
+
+    async def close(self) -> None:
+        if not self._open:
+            return
+        await self._group.stop()
+        self._open = False
+        if self._writer is not None:
+            await self._writer.close()
+            self._writer = None
+        self._idle = None
+        for conn in self._reader_conns:
+            await conn.close()
+        self._reader_conns.clear()
+
+    async def __aenter__(self) -> PostgresStore:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _connect(self) -> Conn:
+        kwargs: dict[str, Any] = {"autocommit": True, "connect_timeout": max(1, round(self._connect_timeout_s))}
+        if self.schema is not None:
+            kwargs["options"] = f"-c search_path={self.schema}"
+        return await psycopg.AsyncConnection.connect(self.dsn, **kwargs)
+
+    @asynccontextmanager
+    async def _reader(self) -> AsyncIterator[Conn]:
+        if self._idle is None:
+            raise StoreClosed("store is not open")
+        idle = self._idle
+        conn = await idle.get()
+        try:
+            if conn is None or conn.closed or conn.broken:
+                if conn is not None:
+                    self._reader_conns.discard(conn)
+                conn = None
+                conn = await self._connect()
+                self._reader_conns.add(conn)
+            yield conn
+        finally:
+            # A connection that broke is dropped; the slot reconnects on its next use.
+            idle.put_nowait(None if conn is None or conn.closed or conn.broken else conn)
+
+    # -- group commit -----------------------------------------------------------------------
+
+    async def _commit_batch(self, ops: list[WriteOp]) -> list[Outcome]:
+        if not self._open and self._writer is None:
+            raise StoreClosed("store is not open")
+        if self._writer is None or self._writer.closed or self._writer.broken:
+            self._writer = await self._connect()
+        conn = self._writer
+        try:
+            return await self._run_transaction(conn, ops)
+        except psycopg.Error as exc:
+            if conn.broken or conn.closed:
+                raise
+            failure: BaseException = exc
+        # An op aborted the transaction (nothing of the batch committed): commit each op on its own
+        # so that only the faulty one fails. This includes a batch of one: the typical abort is a
+        # first append racing another process's (events primary key), and once that one committed
+        # the retry sees its streams row and fails with SeqConflict.
+        outcomes: list[Outcome] = []
+        for op in ops:
+            if conn.broken or conn.closed:
+                outcomes.append(Outcome(error=failure))
+                continue
+            try:
+                outcomes.extend(await self._run_transaction(conn, [op]))
+            except psycopg.Error as exc:
+                failure = exc
+                outcomes.append(Outcome(error=exc))
+        return outcomes
+
+    async def _run_transaction(self, conn: Conn, ops: list[WriteOp]) -> list[Outcome]:
+        outcomes: list[Outcome | None] = [None] * len(ops)
+        async with conn.transaction():
+            appends = [(i, op) for i, op in enumerate(ops) if isinstance(op, _Append)]
+            if appends:
+                results = await _append_all(conn, [op for _, op in appends])
+                for (i, _), outcome in zip(appends, results, strict=True):
+                    outcomes[i] = outcome
+            # Everything of the batch commits together, so running the appends first changes no
+            # result; the other ops keep their submission order (e.g. the same key twice).
+            for i, op in enumerate(ops):
+                if isinstance(op, _Append):
+                    continue
+                # Store errors are raised by an op before it writes anything: the batch goes on.
+                try:
+                    outcomes[i] = Outcome(value=await op(conn))
+                except StoreError as exc:
+                    outcomes[i] = Outcome(error=exc)
+        self.stats.commits += 1
+        return [outcome for outcome in outcomes if outcome is not None]
+
+    # -- conversations ----------------------------------------------------------------------
+
+    async def create_conversation(
+        self, conversation_id: str, owner: Owner, agent: str, created_at: float
+    ) -> None:
+        async def op(conn: Conn) -> None:
+            cur = await conn.execute(
+                "INSERT INTO conversations (conversation_id, tenant, sub, agent, created_at)"
+                " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (conversation_id) DO NOTHING",
+                (conversation_id, owner.tenant, owner.sub, agent, created_at),
+            )
+            if cur.rowcount == 1:
+                return
+            cur = await conn.execute(
+                "SELECT tenant, sub, agent FROM conversations WHERE conversation_id = %s", (conversation_id,)
+            )
+            row = await cur.fetchone()
+            if row is None or tuple(row) != (owner.tenant, owner.sub, agent):
+                raise ConversationExists(conversation_id)
+
+        await self._group.submit(op)
+
+    async def conversation_owner(self, conversation_id: str) -> tuple[Owner, str] | None:
+        async with self._reader() as conn:
+            cur = await conn.execute(
+                "SELECT tenant, sub, agent FROM conversations WHERE conversation_id = %s", (conversation_id,)
+            )
+            row = await cur.fetchone()
+        return None if row is None else (Owner(tenant=row[0], sub=row[1]), row[2])
+
+    # -- events -----------------------------------------------------------------------------
+
+    async def append_events(self, conversation_id: str, events: Sequence[Event]) -> None:
+        if not events:
+            return
+        check_append(conversation_id, events)
+        op = _Append(
+            conversation_id,
+            events[0].seq,
+            events[-1].seq,
+            [e.seq for e in events],
+            [e.event for e in events],
+            [encode_event_data(e) for e in events],
+            [e.ts for e in events],
+        )
+        await self._group.submit(op, kind="append", events=len(events))
+
+    async def read_events(
+        self, conversation_id: str, after_seq: int, limit: int = DEFAULT_READ_LIMIT
+    ) -> list[Event]:
+        if limit <= 0:
+            return []
+        async with self._reader() as conn:
+            cur = await conn.execute(
+                "SELECT seq, event, data, ts FROM events WHERE conversation_id = %s AND seq > %s"
+                " ORDER BY seq LIMIT %s",
+                (conversation_id, after_seq, limit),
+            )
+            rows = await cur.fetchall()
+        return [decode_event(conversation_id, seq, name, bytes(data), ts) for seq, name, data, ts in rows]
+
+    async def last_seq(self, conversation_id: str) -> int:
+        async with self._reader() as conn:
+            cur = await conn.execute("SELECT last_seq FROM streams WHERE conversation_id = %s", (conversation_id,))
+            row = await cur.fetchone()
+        return 0 if row is None else int(row[0])
+
+    # -- snapshots --------------------------------------------------------------------------
+
+    async def save_snapshot(self, conversation_id: str, seq: int, data: bytes) -> None:
+        payload = bytes(data)
+
+        async def op(conn: Conn) -> None:
+            await conn.execute(
+                "INSERT INTO snapshots (conversation_id, seq, data) VALUES (%s, %s, %s)"
+                " ON CONFLICT (conversation_id) DO UPDATE SET seq = excluded.seq, data = excluded.data"
+                " WHERE excluded.seq >= snapshots.seq",
+                (conversation_id, seq, payload),
+            )
+
+        await self._group.submit(op)
+
+    async def load_snapshot(self, conversation_id: str) -> tuple[int, bytes] | None:
+        async with self._reader() as conn:
+            cur = await conn.execute(
+                "SELECT seq, data FROM snapshots WHERE conversation_id = %s", (conversation_id,)
+            )
+            row = await cur.fetchone()
+        return None if row is None else (int(row[0]), bytes(row[1]))
+
+    # -- idempotency keys -------------------------------------------------------------------
+
+    async def remember_key(self, conversation_id: str, key: str, now: float) -> bool:
+        async def op(conn: Conn) -> bool:
+            cur = await conn.execute(
+                "INSERT INTO idempotency_keys (conversation_id, key, seen_at) VALUES (%s, %s, %s)"
+                " ON CONFLICT (conversation_id, key) DO NOTHING",
+                (conversation_id, key, now),
+            )
+            return cur.rowcount == 1
+
+        return bool(await self._group.submit(op))
+
+    async def prune_keys(self, older_than: float) -> int:
+        async def op(conn: Conn) -> int:
+            cur = await conn.execute("DELETE FROM idempotency_keys WHERE seen_at < %s", (older_than,))
+            return cur.rowcount
+
+        return int(await self._group.submit(op))
+
+    # -- tool results -----------------------------------------------------------------------
+
+    async def record_tool_result(self, conversation_id: str, call_id: str, payload: bytes) -> bool:
+        data = bytes(payload)
+
+        async def op(conn: Conn) -> bool:
+            cur = await conn.execute(
+                "INSERT INTO tool_results (conversation_id, call_id, payload) VALUES (%s, %s, %s)"
+                " ON CONFLICT (conversation_id, call_id) DO NOTHING",
+                (conversation_id, call_id, data),
+            )
+            return cur.rowcount == 1
+
+        return bool(await self._group.submit(op))
+
+    async def tool_result(self, conversation_id: str, call_id: str) -> bytes | None:
+        async with self._reader() as conn:
+            cur = await conn.execute(
+                "SELECT payload FROM tool_results WHERE conversation_id = %s AND call_id = %s",
+                (conversation_id, call_id),
+            )
+            row = await cur.fetchone()
+        return None if row is None else bytes(row[0])
+
+
+async def _append_all(conn: Conn, appends: list[_Append]) -> list[Outcome]:
+    """Write every append of a batch in three statements, whatever the batch size.
+
+    The conversations' `streams` rows are locked (in id order, so that processes sharing the
+    database cannot deadlock) and their last_seq read; each append is checked against it in
+    submission order; the accepted events go in with one INSERT and the new last_seqs with one
+    upsert. A conversation without a row yet has no row to lock: if another process appends its
+    first events concurrently, the events primary key rejects the second batch, which is then
+    retried op by op and fails that append with SeqConflict (`_commit_batch`).
+    """
+    cids = sorted({a.conversation_id for a in appends})
+    cur = await conn.execute(
+        "SELECT conversation_id, last_seq FROM streams WHERE conversation_id = ANY(%s)"
+        " ORDER BY conversation_id FOR UPDATE",
+        (cids,),
+    )
+    current: dict[str, int] = dict.fromkeys(cids, 0)
+    current.update({cid: int(last) for cid, last in await cur.fetchall()})
+    outcomes: list[Outcome] = []
+    accepted: list[_Append] = []
+    for append in appends:
+        last = current[append.conversation_id]
+        if append.first != last + 1:
+            outcomes.append(Outcome(error=SeqConflict(append.conversation_id, append.first, last)))
+            continue
+        current[append.conversation_id] = append.last
+        accepted.append(append)
+        outcomes.append(Outcome())
+    if not accepted:
+        return outcomes
+    await conn.execute(
+        "INSERT INTO events (conversation_id, seq, event, data, ts)"
+        " SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::bytea[], %s::float8[])",
+        (
+            [a.conversation_id for a in accepted for _ in a.seqs],
+            [seq for a in accepted for seq in a.seqs],
+            [name for a in accepted for name in a.names],
+            [data for a in accepted for data in a.datas],
+            [ts for a in accepted for ts in a.tss],
+        ),
+    )
+    changed = sorted({a.conversation_id for a in accepted})
+    await conn.execute(
+        "INSERT INTO streams (conversation_id, last_seq) SELECT * FROM unnest(%s::text[], %s::bigint[])"
+        " ON CONFLICT (conversation_id) DO UPDATE SET last_seq = excluded.last_seq",
+        (changed, [current[cid] for cid in changed]),
+    )
+    return outcomes

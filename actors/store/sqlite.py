@@ -1,0 +1,385 @@
+"""The embedded store: one SQLite file in WAL mode, written with group commit (SPEC §5 Store).
+
+Durability choice. In WAL mode a commit appends the transaction to the -wal file; with
+`synchronous=NORMAL` that write reaches the OS page cache but is not fsynced, which survives the
+process being SIGKILLed (the kernel still writes the file) but can lose the last commits on an OS
+crash or power cut. `synchronous=FULL` fsyncs the WAL on every commit, which also survives those.
+Group commit pays one fsync per batch, not per append, so the default is FULL: an event a client
+saw is never lost, even to a power cut. NORMAL is there for hosts that accept that trade.
+
+Threads. The sqlite3 module releases the GIL while SQLite works, so the hot path — a batch of
+appends — runs as one call on a dedicated writer thread holding the only write connection (one
+thread hop per batch, measured faster than aiosqlite's hop per statement). Reads run on a small
+pool of reader threads, each with its own connection: WAL lets them read while the writer commits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import sqlite3
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from actors.hosting import Owner
+from actors.store.base import (
+    DEFAULT_READ_LIMIT,
+    ConversationExists,
+    GroupCommit,
+    Outcome,
+    SeqConflict,
+    StoreClosed,
+    StoreStats,
+    check_append,
+    decode_event,
+    encode_event_data,
+)
+from protocol.events import Event
+
+T = TypeVar("T")
+WriteOp = Callable[[sqlite3.Connection], Any]
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS conversations (
+    conversation_id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    sub TEXT NOT NULL,
+    agent TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS streams (
+    conversation_id TEXT PRIMARY KEY,
+    last_seq INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS events (
+    conversation_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    event TEXT NOT NULL,
+    data BLOB NOT NULL,
+    ts REAL NOT NULL,
+    PRIMARY KEY (conversation_id, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS snapshots (
+    conversation_id TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL,
+    data BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS idempotency_keys (
+    conversation_id TEXT NOT NULL,
+    key TEXT NOT NULL,
+    seen_at REAL NOT NULL,
+    PRIMARY KEY (conversation_id, key)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS idempotency_keys_seen_at ON idempotency_keys (seen_at);
+CREATE TABLE IF NOT EXISTS tool_results (
+    conversation_id TEXT NOT NULL,
+    call_id TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    PRIMARY KEY (conversation_id, call_id)
+);
+"""
+
+MEMORY = ":memory:"
+
+
+class SqliteStore:
+    """`Store` on one SQLite file (or `:memory:`, which keeps one connection for everything)."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        synchronous: Literal["NORMAL", "FULL"] = "FULL",
+        busy_timeout_ms: int = 5000,
+        max_batch: int = 512,
+        max_delay_s: float = 0.0,
+        readers: int = 2,
+    ) -> None:
+        self.path = str(path)
+        self.synchronous = synchronous
+        self.busy_timeout_ms = busy_timeout_ms
+        self.stats = StoreStats()
+        self._readers = readers
+        self._group: GroupCommit[WriteOp] = GroupCommit(
+            self._commit_batch, self.stats, max_batch=max_batch, max_delay_s=max_delay_s
+        )
+        self._writer_pool: ThreadPoolExecutor | None = None
+        self._reader_pool: ThreadPoolExecutor | None = None
+        self._writer: sqlite3.Connection | None = None
+        self._reader_conns: list[sqlite3.Connection] = []
+        self._reader_local = threading.local()
+        self._reader_lock = threading.Lock()
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        if self._writer is not None:
+            return
+        if self.path != MEMORY:
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self._writer_pool = ThreadPoolExecutor(1, thread_name_prefix="sqlite-writer")
+        self._writer = await self._on_writer(self._connect_writer)
+        if self.path == MEMORY:
+            self._reader_pool = self._writer_pool      # one connection: a second would be another db
+        else:
+            self._reader_pool = ThreadPoolExecutor(self._readers, thread_name_prefix="sqlite-reader")
+        self._group.start()
+
+    async def close(self) -> None:
+        if self._writer is None:
+            return
+        await self._group.stop()
+        writer, self._writer = self._writer, None
+        await self._on_writer(writer.close)
+        assert self._writer_pool is not None and self._reader_pool is not None
+        if self._reader_pool is not self._writer_pool:
+            self._reader_pool.shutdown(wait=True)
+        self._writer_pool.shutdown(wait=True)
+        with self._reader_lock:
+            for conn in self._reader_conns:
+                conn.close()
+            self._reader_conns.clear()
+        self._reader_local = threading.local()
+        self._writer_pool = self._reader_pool = None
+
+    async def __aenter__(self) -> SqliteStore:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _connect(self) -> sqlite3.Connection:
+        # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE ... COMMIT per batch).
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
+        return conn
+
+    def _connect_writer(self) -> sqlite3.Connection:
+        conn = self._connect()
+        if self.path != MEMORY:
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if mode.lower() != "wal":
+                raise RuntimeError(f"SQLite at {self.path} refused WAL mode (got {mode})")
+        conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+        conn.executescript(SCHEMA)
+        return conn
+
+    def _reader(self) -> sqlite3.Connection:
+        if self.path == MEMORY:
+            assert self._writer is not None
+            return self._writer
+        conn: sqlite3.Connection | None = getattr(self._reader_local, "conn", None)
+        if conn is None:
+            conn = self._connect()
+            conn.execute("PRAGMA query_only = ON")
+            self._reader_local.conn = conn
+            with self._reader_lock:
+                self._reader_conns.append(conn)
+        return conn
+
+    async def _on_writer(self, fn: Callable[[], T]) -> T:
+        assert self._writer_pool is not None
+        return await asyncio.get_running_loop().run_in_executor(self._writer_pool, fn)
+
+    async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        if self._reader_pool is None:
+            raise StoreClosed("store is not open")
+        return await asyncio.get_running_loop().run_in_executor(
+            self._reader_pool, lambda: fn(self._reader())
+        )
+
+    # -- group commit -----------------------------------------------------------------------
+
+    async def _commit_batch(self, ops: list[WriteOp]) -> list[Outcome]:
+        return await self._on_writer(functools.partial(self._commit_batch_sync, ops))
+
+    def _commit_batch_sync(self, ops: list[WriteOp]) -> list[Outcome]:
+        conn = self._writer
+        if conn is None:
+            raise StoreClosed("store is not open")
+        outcomes: list[Outcome] = []
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for op in ops:
+                # A savepoint per op: one op that fails leaves no trace and fails only its caller.
+                conn.execute("SAVEPOINT op")
+                try:
+                    value = op(conn)
+                except Exception as exc:
+                    conn.execute("ROLLBACK TO op")
+                    conn.execute("RELEASE op")
+                    outcomes.append(Outcome(error=exc))
+                else:
+                    conn.execute("RELEASE op")
+                    outcomes.append(Outcome(value=value))
+            conn.execute("COMMIT")
+            self.stats.commits += 1
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        return outcomes
+
+    # -- conversations ----------------------------------------------------------------------
+
+    async def create_conversation(
+        self, conversation_id: str, owner: Owner, agent: str, created_at: float
+    ) -> None:
+        await self._group.submit(
+            functools.partial(_create_conversation, conversation_id, owner, agent, created_at)
+        )
+
+    async def conversation_owner(self, conversation_id: str) -> tuple[Owner, str] | None:
+        def read(conn: sqlite3.Connection) -> tuple[Owner, str] | None:
+            row = conn.execute(
+                "SELECT tenant, sub, agent FROM conversations WHERE conversation_id = ?",
+                (conversation_id,),
+            ).fetchone()
+            return None if row is None else (Owner(tenant=row[0], sub=row[1]), row[2])
+
+        return await self._read(read)
+
+    # -- events -----------------------------------------------------------------------------
+
+    async def append_events(self, conversation_id: str, events: Sequence[Event]) -> None:
+        if not events:
+            return
+        check_append(conversation_id, events)
+        rows = [(conversation_id, e.seq, e.event, encode_event_data(e), e.ts) for e in events]
+        await self._group.submit(
+            functools.partial(_append, conversation_id, rows), kind="append", events=len(rows)
+        )
+
+    async def read_events(
+        self, conversation_id: str, after_seq: int, limit: int = DEFAULT_READ_LIMIT
+    ) -> list[Event]:
+        if limit <= 0:
+            return []
+        def read(conn: sqlite3.Connection) -> list[Event]:
+            rows = conn.execute(
+                "SELECT seq, event, data, ts FROM events WHERE conversation_id = ? AND seq > ?"
+                " ORDER BY seq LIMIT ?",
+                (conversation_id, after_seq, limit),
+            ).fetchall()
+            return [decode_event(conversation_id, *row) for row in rows]
+
+        return await self._read(read)
+
+    async def last_seq(self, conversation_id: str) -> int:
+        return await self._read(functools.partial(_last_seq, conversation_id))
+
+    # -- snapshots --------------------------------------------------------------------------
+
+    async def save_snapshot(self, conversation_id: str, seq: int, data: bytes) -> None:
+        await self._group.submit(functools.partial(_save_snapshot, conversation_id, seq, bytes(data)))
+
+    async def load_snapshot(self, conversation_id: str) -> tuple[int, bytes] | None:
+        def read(conn: sqlite3.Connection) -> tuple[int, bytes] | None:
+            row = conn.execute(
+                "SELECT seq, data FROM snapshots WHERE conversation_id = ?", (conversation_id,)
+            ).fetchone()
+            return None if row is None else (row[0], bytes(row[1]))
+
+        return await self._read(read)
+
+    # -- idempotency keys -------------------------------------------------------------------
+
+    async def remember_key(self, conversation_id: str, key: str, now: float) -> bool:
+        return bool(await self._group.submit(functools.partial(_remember_key, conversation_id, key, now)))
+
+    async def prune_keys(self, older_than: float) -> int:
+        return int(await self._group.submit(functools.partial(_prune_keys, older_than)))
+
+    # -- tool results -----------------------------------------------------------------------
+
+    async def record_tool_result(self, conversation_id: str, call_id: str, payload: bytes) -> bool:
+        return bool(
+            await self._group.submit(
+                functools.partial(_record_tool_result, conversation_id, call_id, bytes(payload))
+            )
+        )
+
+    async def tool_result(self, conversation_id: str, call_id: str) -> bytes | None:
+        def read(conn: sqlite3.Connection) -> bytes | None:
+            row = conn.execute(
+                "SELECT payload FROM tool_results WHERE conversation_id = ? AND call_id = ?",
+                (conversation_id, call_id),
+            ).fetchone()
+            return None if row is None else bytes(row[0])
+
+        return await self._read(read)
+
+
+# -- write ops: run on the writer thread, inside the batch transaction ----------------------------
+
+
+def _last_seq(conversation_id: str, conn: sqlite3.Connection) -> int:
+    row = conn.execute("SELECT last_seq FROM streams WHERE conversation_id = ?", (conversation_id,)).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def _append(conversation_id: str, rows: list[tuple[str, int, str, bytes, float]], conn: sqlite3.Connection) -> None:
+    # Checked inside the committing transaction, against the durable log: this is what keeps a seq
+    # from ever being reused, whatever any caller believes last_seq is.
+    last = _last_seq(conversation_id, conn)
+    first = rows[0][1]
+    if first != last + 1:
+        raise SeqConflict(conversation_id, first, last)
+    conn.execute(
+        "INSERT INTO streams (conversation_id, last_seq) VALUES (?, ?)"
+        " ON CONFLICT (conversation_id) DO UPDATE SET last_seq = excluded.last_seq",
+        (conversation_id, rows[-1][1]),
+    )
+    conn.executemany("INSERT INTO events (conversation_id, seq, event, data, ts) VALUES (?, ?, ?, ?, ?)", rows)
+
+
+def _create_conversation(
+    conversation_id: str, owner: Owner, agent: str, created_at: float, conn: sqlite3.Connection
+) -> None:
+    cur = conn.execute(
+        "INSERT INTO conversations (conversation_id, tenant, sub, agent, created_at) VALUES (?, ?, ?, ?, ?)"
+        " ON CONFLICT (conversation_id) DO NOTHING",
+        (conversation_id, owner.tenant, owner.sub, agent, created_at),
+    )
+    if cur.rowcount == 1:
+        return
+    row = conn.execute(
+        "SELECT tenant, sub, agent FROM conversations WHERE conversation_id = ?", (conversation_id,)
+    ).fetchone()
+    if tuple(row) != (owner.tenant, owner.sub, agent):
+        raise ConversationExists(conversation_id)
+
+
+def _save_snapshot(conversation_id: str, seq: int, data: bytes, conn: sqlite3.Connection) -> None:
+    conn.execute(
+        "INSERT INTO snapshots (conversation_id, seq, data) VALUES (?, ?, ?)"
+        " ON CONFLICT (conversation_id) DO UPDATE SET seq = excluded.seq, data = excluded.data"
+        " WHERE excluded.seq >= snapshots.seq",
+        (conversation_id, seq, data),
+    )
+
+
+def _remember_key(conversation_id: str, key: str, now: float, conn: sqlite3.Connection) -> bool:
+    cur = conn.execute(
+        "INSERT INTO idempotency_keys (conversation_id, key, seen_at) VALUES (?, ?, ?)"
+        " ON CONFLICT (conversation_id, key) DO NOTHING",
+        (conversation_id, key, now),
+    )
+    return cur.rowcount == 1
+
+
+def _prune_keys(older_than: float, conn: sqlite3.Connection) -> int:
+    return conn.execute("DELETE FROM idempotency_keys WHERE seen_at < ?", (older_than,)).rowcount
+
+
+def _record_tool_result(conversation_id: str, call_id: str, payload: bytes, conn: sqlite3.Connection) -> bool:
+    cur = conn.execute(
+        "INSERT INTO tool_results (conversation_id, call_id, payload) VALUES (?, ?, ?)"
+        " ON CONFLICT (conversation_id, call_id) DO NOTHING",
+        (conversation_id, call_id, payload),
+    )
+    return cur.rowcount == 1

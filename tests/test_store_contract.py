@@ -1,0 +1,472 @@
+"""The Store contract (SPEC §5 Store, §6 idempotency and resume), run against every backend."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from actors.hosting import Owner
+from actors.store import (
+    IDEMPOTENCY_TTL_S,
+    ConversationExists,
+    SeqConflict,
+    Store,
+    StoreClosed,
+    store_from_url,
+)
+from actors.store.postgres import PostgresStore
+from actors.store.sqlite import SqliteStore
+from protocol.events import Event
+
+StoreFactory = Callable[[], Store]
+
+BACKENDS = [
+    "sqlite",
+    "sqlite-memory",
+    pytest.param("postgres", marks=pytest.mark.postgres),
+]
+DURABLE_BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+def _factory(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[StoreFactory, Callable[[], None]]:
+    """A function making fresh store objects on one backing database, and its cleanup."""
+    backend: str = request.param
+    if backend == "sqlite":
+        path = tmp_path / "store.db"
+        return (lambda: SqliteStore(path)), lambda: None
+    if backend == "sqlite-memory":
+        return (lambda: SqliteStore(":memory:")), lambda: None
+    dsn: str = request.getfixturevalue("postgres_dsn")
+    schema = f"test_store_{uuid.uuid4().hex[:12]}"
+
+    def drop() -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+    return (lambda: PostgresStore(dsn, schema=schema)), drop
+
+
+@pytest.fixture(params=BACKENDS)
+async def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[StoreFactory]:
+    factory, cleanup = _factory(request, tmp_path)
+    yield factory
+    cleanup()
+
+
+@pytest.fixture(params=DURABLE_BACKENDS)
+async def make_durable_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[StoreFactory]:
+    factory, cleanup = _factory(request, tmp_path)
+    yield factory
+    cleanup()
+
+
+@pytest.fixture
+async def store(make_store: StoreFactory) -> AsyncIterator[Store]:
+    s = make_store()
+    await s.open()
+    yield s
+    await s.close()
+
+
+def ev(conversation_id: str, seq: int, event: str = "thinking.delta", **data: object) -> Event:
+    return Event(conversation_id=conversation_id, seq=seq, event=event, data=dict(data), ts=1700000000.0 + seq)
+
+
+def evs(conversation_id: str, first: int, last: int) -> list[Event]:
+    return [ev(conversation_id, seq, text=f"t{seq}") for seq in range(first, last + 1)]
+
+
+# -- events -------------------------------------------------------------------------------------
+
+
+async def test_read_events_returns_appended_events_in_seq_order(store: Store) -> None:
+    await store.append_events("c", evs("c", 1, 3))
+    await store.append_events("c", evs("c", 4, 4))
+    assert await store.read_events("c", 0) == evs("c", 1, 4)
+
+
+async def test_event_data_round_trips_exactly(store: Store) -> None:
+    event = Event(
+        conversation_id="c", seq=1, event="tool.result",
+        data={"ok": True, "result": {"temp_c": 12, "nested": [1, 2.5, None, "é€😀"]}, "text": "</x>\n"},
+        ts=1712345678.123456,
+    )
+    await store.append_events("c", [event])
+    assert await store.read_events("c", 0) == [event]
+
+
+async def test_read_events_after_seq_skips_what_the_client_has(store: Store) -> None:
+    await store.append_events("c", evs("c", 1, 10))
+    assert [e.seq for e in await store.read_events("c", 7)] == [8, 9, 10]
+    assert await store.read_events("c", 10) == []
+
+
+async def test_read_events_limit_pages_through_the_log(store: Store) -> None:
+    await store.append_events("c", evs("c", 1, 10))
+    first = await store.read_events("c", 0, limit=4)
+    second = await store.read_events("c", first[-1].seq, limit=4)
+    assert [e.seq for e in first] == [1, 2, 3, 4]
+    assert [e.seq for e in second] == [5, 6, 7, 8]
+
+
+async def test_read_events_with_no_room_returns_nothing(store: Store) -> None:
+    await store.append_events("c", evs("c", 1, 3))
+    assert await store.read_events("c", 0, limit=0) == []
+    assert await store.read_events("c", 0, limit=-1) == []
+
+
+async def test_read_events_of_one_conversation_only(store: Store) -> None:
+    await store.append_events("a", evs("a", 1, 2))
+    await store.append_events("b", evs("b", 1, 3))
+    assert [e.conversation_id for e in await store.read_events("a", 0)] == ["a", "a"]
+
+
+async def test_last_seq_is_zero_without_events(store: Store) -> None:
+    assert await store.last_seq("nobody") == 0
+
+
+async def test_last_seq_follows_appends(store: Store) -> None:
+    await store.append_events("c", evs("c", 1, 5))
+    assert await store.last_seq("c") == 5
+
+
+async def test_append_of_nothing_is_a_no_op(store: Store) -> None:
+    await store.append_events("c", [])
+    assert await store.last_seq("c") == 0
+
+
+async def test_append_with_a_gap_raises_seq_conflict_and_writes_nothing(store: Store) -> None:
+    await store.append_events("c", evs("c", 1, 2))
+    with pytest.raises(SeqConflict) as info:
+        await store.append_events("c", evs("c", 4, 5))
+    assert (info.value.seq, info.value.last_seq) == (4, 2)
+    assert await store.last_seq("c") == 2
+    assert [e.seq for e in await store.read_events("c", 0)] == [1, 2]
+
+
+async def test_first_append_must_start_at_seq_1(store: Store) -> None:
+    with pytest.raises(SeqConflict):
+        await store.append_events("c", evs("c", 2, 3))
+    assert await store.read_events("c", 0) == []
+
+
+async def test_append_reusing_a_seq_raises_seq_conflict(store: Store) -> None:
+    await store.append_events("c", evs("c", 1, 3))
+    with pytest.raises(SeqConflict):
+        await store.append_events("c", [ev("c", 3, text="again")])
+    with pytest.raises(SeqConflict):
+        await store.append_events("c", evs("c", 1, 4))
+    assert await store.read_events("c", 0) == evs("c", 1, 3)
+
+
+async def test_append_of_non_contiguous_events_raises_seq_conflict(store: Store) -> None:
+    with pytest.raises(SeqConflict):
+        await store.append_events("c", [ev("c", 1), ev("c", 3)])
+    assert await store.last_seq("c") == 0
+
+
+async def test_append_of_another_conversations_event_is_a_programming_error(store: Store) -> None:
+    with pytest.raises(ValueError):
+        await store.append_events("c", [ev("other", 1)])
+
+
+async def test_a_conflicting_append_fails_alone_in_its_batch(store: Store) -> None:
+    await store.append_events("bad", evs("bad", 1, 1))
+    results = await asyncio.gather(
+        store.append_events("a", evs("a", 1, 2)),
+        store.append_events("bad", evs("bad", 1, 1)),
+        store.append_events("b", evs("b", 1, 2)),
+        return_exceptions=True,
+    )
+    assert results[0] is None and results[2] is None
+    assert isinstance(results[1], SeqConflict)
+    assert await store.last_seq("a") == 2 and await store.last_seq("b") == 2
+
+
+async def test_appends_queued_by_one_writer_commit_in_order(store: Store) -> None:
+    # The single writer may pipeline appends without awaiting each one; FIFO keeps them valid.
+    await asyncio.gather(*(store.append_events("c", evs("c", s, s)) for s in range(1, 21)))
+    assert [e.seq for e in await store.read_events("c", 0)] == list(range(1, 21))
+
+
+async def test_concurrent_appends_of_50_conversations_land_contiguous_in_batches(store: Store) -> None:
+    conversations = [f"conv-{i}" for i in range(50)]
+
+    async def writer(cid: str) -> int:
+        seq = 0
+        for round_ in range(10):
+            n = 1 + (round_ % 3)
+            await store.append_events(cid, evs(cid, seq + 1, seq + n))
+            seq += n
+        return seq
+
+    lasts = await asyncio.gather(*(writer(cid) for cid in conversations))
+    for cid, last in zip(conversations, lasts, strict=True):
+        assert [e.seq for e in await store.read_events(cid, 0)] == list(range(1, last + 1))
+        assert await store.last_seq(cid) == last
+    assert store.stats.appends == 500
+    assert store.stats.events == sum(lasts)
+    assert store.stats.commits < store.stats.appends / 5, store.stats   # group commit batched
+    assert store.stats.largest_batch > 1
+
+
+async def test_racing_activations_cannot_both_append_a_seq(make_durable_store: StoreFactory) -> None:
+    first, second = make_durable_store(), make_durable_store()
+    await first.open()
+    await second.open()
+    try:
+        await first.append_events("c", evs("c", 1, 1))
+        results = await asyncio.gather(
+            first.append_events("c", [ev("c", 2, text="first")]),
+            second.append_events("c", [ev("c", 2, text="second")]),
+            return_exceptions=True,
+        )
+        assert sorted(type(r).__name__ for r in results) == ["NoneType", "SeqConflict"]
+        assert [e.seq for e in await second.read_events("c", 0)] == [1, 2]
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_racing_activations_cannot_both_start_a_log(make_durable_store: StoreFactory) -> None:
+    first, second = make_durable_store(), make_durable_store()
+    await first.open()
+    await second.open()
+    try:
+        results = await asyncio.gather(
+            first.append_events("c", [ev("c", 1, text="first")]),
+            second.append_events("c", [ev("c", 1, text="second")]),
+            second.append_events("other", evs("other", 1, 2)),      # shares the loser's batch
+            return_exceptions=True,
+        )
+        assert sorted(type(r).__name__ for r in results[:2]) == ["NoneType", "SeqConflict"]
+        assert results[2] is None
+        assert [e.seq for e in await first.read_events("c", 0)] == [1]
+        assert await first.last_seq("other") == 2
+    finally:
+        await first.close()
+        await second.close()
+
+
+# -- conversations ------------------------------------------------------------------------------
+
+
+async def test_conversation_owner_round_trips(store: Store) -> None:
+    await store.create_conversation("c", Owner(tenant="acme", sub="alice"), "demo", 1700000000.0)
+    assert await store.conversation_owner("c") == (Owner(tenant="acme", sub="alice"), "demo")
+
+
+async def test_conversation_owner_of_unknown_conversation_is_none(store: Store) -> None:
+    assert await store.conversation_owner("nope") is None
+
+
+async def test_creating_the_same_conversation_again_is_a_no_op(store: Store) -> None:
+    owner = Owner(tenant="acme", sub="alice")
+    await store.create_conversation("c", owner, "demo", 1.0)
+    await store.create_conversation("c", owner, "demo", 2.0)
+    assert await store.conversation_owner("c") == (owner, "demo")
+
+
+async def test_creating_a_conversation_id_owned_by_another_raises(store: Store) -> None:
+    await store.create_conversation("c", Owner(tenant="acme", sub="alice"), "demo", 1.0)
+    with pytest.raises(ConversationExists):
+        await store.create_conversation("c", Owner(tenant="acme", sub="mallory"), "demo", 2.0)
+    assert await store.conversation_owner("c") == (Owner(tenant="acme", sub="alice"), "demo")
+
+
+# -- snapshots ----------------------------------------------------------------------------------
+
+
+async def test_load_snapshot_without_one_is_none(store: Store) -> None:
+    assert await store.load_snapshot("c") is None
+
+
+async def test_latest_snapshot_wins(store: Store) -> None:
+    await store.save_snapshot("c", 5, b"state@5")
+    await store.save_snapshot("c", 9, b"state@9\x00binary")
+    assert await store.load_snapshot("c") == (9, b"state@9\x00binary")
+
+
+async def test_snapshot_saved_late_with_an_older_seq_is_ignored(store: Store) -> None:
+    await store.save_snapshot("c", 9, b"new")
+    await store.save_snapshot("c", 5, b"stale")
+    assert await store.load_snapshot("c") == (9, b"new")
+
+
+async def test_snapshot_at_the_same_seq_is_replaced(store: Store) -> None:
+    await store.save_snapshot("c", 9, b"first")
+    await store.save_snapshot("c", 9, b"second")
+    assert await store.load_snapshot("c") == (9, b"second")
+
+
+# -- idempotency keys ---------------------------------------------------------------------------
+
+
+async def test_remember_key_is_true_once_then_false(store: Store) -> None:
+    assert await store.remember_key("c", "msg-1", 100.0) is True
+    assert await store.remember_key("c", "msg-1", 101.0) is False
+
+
+async def test_idempotency_keys_are_per_conversation(store: Store) -> None:
+    assert await store.remember_key("a", "msg-1", 100.0) is True
+    assert await store.remember_key("b", "msg-1", 100.0) is True
+
+
+async def test_concurrent_remember_key_of_one_key_admits_exactly_one(store: Store) -> None:
+    results = await asyncio.gather(*(store.remember_key("c", "dup", 100.0) for _ in range(20)))
+    assert results.count(True) == 1
+
+
+async def test_concurrent_remember_key_across_two_store_objects_admits_exactly_one(
+    make_durable_store: StoreFactory,
+) -> None:
+    stores = [make_durable_store(), make_durable_store()]
+    for s in stores:
+        await s.open()
+    try:
+        results = await asyncio.gather(*(stores[i % 2].remember_key("c", "dup", 100.0) for i in range(20)))
+        assert results.count(True) == 1
+    finally:
+        for s in stores:
+            await s.close()
+
+
+async def test_prune_keys_forgets_only_older_keys(store: Store) -> None:
+    now = 1_000_000.0
+    await store.remember_key("c", "old", now - IDEMPOTENCY_TTL_S - 1)
+    await store.remember_key("c", "recent", now - 60)
+    assert await store.prune_keys(now - IDEMPOTENCY_TTL_S) == 1
+    assert await store.remember_key("c", "old", now) is True
+    assert await store.remember_key("c", "recent", now) is False
+
+
+# -- tool results -------------------------------------------------------------------------------
+
+
+async def test_tool_result_unknown_call_is_none(store: Store) -> None:
+    assert await store.tool_result("c", "call-1") is None
+
+
+async def test_tool_result_first_write_wins(store: Store) -> None:
+    assert await store.record_tool_result("c", "call-1", b'{"ok":true}') is True
+    assert await store.record_tool_result("c", "call-1", b'{"ok":false}') is False
+    assert await store.tool_result("c", "call-1") == b'{"ok":true}'
+
+
+async def test_tool_results_are_per_conversation(store: Store) -> None:
+    await store.record_tool_result("a", "call-1", b"A")
+    await store.record_tool_result("b", "call-1", b"B")
+    assert (await store.tool_result("a", "call-1"), await store.tool_result("b", "call-1")) == (b"A", b"B")
+
+
+# -- lifecycle ----------------------------------------------------------------------------------
+
+
+async def test_reopened_store_has_everything(make_durable_store: StoreFactory) -> None:
+    owner = Owner(tenant="acme", sub="alice")
+    s = make_durable_store()
+    await s.open()
+    await s.create_conversation("c", owner, "demo", 1.0)
+    await s.append_events("c", evs("c", 1, 3))
+    await s.save_snapshot("c", 3, b"snap")
+    await s.remember_key("c", "msg-1", 100.0)
+    await s.record_tool_result("c", "call-1", b"result")
+    await s.close()
+
+    s = make_durable_store()
+    await s.open()
+    try:
+        assert await s.conversation_owner("c") == (owner, "demo")
+        assert await s.read_events("c", 0) == evs("c", 1, 3)
+        assert await s.last_seq("c") == 3
+        assert await s.load_snapshot("c") == (3, b"snap")
+        assert await s.remember_key("c", "msg-1", 200.0) is False
+        assert await s.tool_result("c", "call-1") == b"result"
+        await s.append_events("c", evs("c", 4, 4))       # the log goes on where it stopped
+    finally:
+        await s.close()
+
+
+async def test_close_commits_writes_already_queued(make_durable_store: StoreFactory) -> None:
+    s = make_durable_store()
+    await s.open()
+    appends = [asyncio.create_task(s.append_events(f"c{i}", evs(f"c{i}", 1, 2))) for i in range(10)]
+    await asyncio.sleep(0)            # queued, not yet committed
+    await s.close()
+    await asyncio.gather(*appends)
+
+    s = make_durable_store()
+    await s.open()
+    try:
+        assert [await s.last_seq(f"c{i}") for i in range(10)] == [2] * 10
+    finally:
+        await s.close()
+
+
+async def test_writes_to_a_closed_store_raise_store_closed(make_store: StoreFactory) -> None:
+    s = make_store()
+    await s.open()
+    await s.close()
+    with pytest.raises(StoreClosed):
+        await s.append_events("c", evs("c", 1, 1))
+    with pytest.raises(StoreClosed):
+        await s.read_events("c", 0)
+
+
+# -- URLs ---------------------------------------------------------------------------------------
+
+
+def test_sqlite_url_names_a_file(tmp_path: Path) -> None:
+    s = store_from_url(f"sqlite:///{tmp_path}/x.db")
+    assert isinstance(s, SqliteStore) and s.path == f"{tmp_path}/x.db"
+
+
+def test_sqlite_url_relative_path() -> None:
+    s = store_from_url("sqlite:///data/x.db")
+    assert isinstance(s, SqliteStore) and s.path == "data/x.db"
+
+
+def test_sqlite_url_durability_option(tmp_path: Path) -> None:
+    s = store_from_url(f"sqlite:///{tmp_path}/x.db?synchronous=normal")
+    assert isinstance(s, SqliteStore) and (s.path, s.synchronous) == (f"{tmp_path}/x.db", "NORMAL")
+    default = store_from_url(f"sqlite:///{tmp_path}/x.db")
+    assert isinstance(default, SqliteStore) and default.synchronous == "FULL"
+
+
+def test_sqlite_memory_url() -> None:
+    s = store_from_url("sqlite://:memory:")
+    assert isinstance(s, SqliteStore) and s.path == ":memory:"
+
+
+def test_postgres_url_with_schema() -> None:
+    s = store_from_url("postgresql://u@db:5432/app?schema=tenant_a&sslmode=disable")
+    assert isinstance(s, PostgresStore)
+    assert (s.dsn, s.schema) == ("postgresql://u@db:5432/app?sslmode=disable", "tenant_a")
+
+
+@pytest.mark.parametrize(
+    "url", ["redis://x", "sqlite://", "sqlite:///", "nothing", "sqlite:///x.db?synchronous=OFF", "sqlite:///x.db?mode=ro"]
+)
+def test_unknown_store_url_is_rejected(url: str) -> None:
+    with pytest.raises(ValueError):
+        store_from_url(url)
+
+
+def test_every_backend_implements_the_store_protocol(make_store: StoreFactory) -> None:
+    assert isinstance(make_store(), Store)
+
+
+async def test_open_store_opens_it_creating_missing_directories(tmp_path: Path) -> None:
+    from actors.store import open_store
+
+    s = await open_store(f"sqlite:///{tmp_path}/data/deeper/x.db")
+    try:
+        await s.append_events("c", evs("c", 1, 1))
+        assert await s.last_seq("c") == 1
+    finally:
+        await s.close()
