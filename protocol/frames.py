@@ -59,6 +59,7 @@ class CloseCode(IntEnum):
 
     POLICY_VIOLATION = 1008   # too many bad frames in a row
     MESSAGE_TOO_BIG = 1009    # a frame over max_frame_bytes (websockets' max_size)
+    INTERNAL_ERROR = 1011     # the gateway itself failed (never for bad input)
     SERVICE_RESTART = 1012    # drain on SIGTERM
     TRY_AGAIN_LATER = 1013    # max connections reached
 

@@ -1,0 +1,375 @@
+"""The gateway: WebSocket `reactgate.v1` at /ws plus plain HTTP on the same port (SPEC §6).
+
+A thin shell over the hosting interface (`actors.hosting.Backend`): it authenticates the
+handshake, decodes frames (`protocol.frames`), applies the per-connection limits, calls the
+backend, and hands everything it sends to the connection's `Session` queue.
+
+Refusals, by where they happen:
+- handshake: wrong path → HTTP 404; bad/expired/missing JWT → HTTP 401 (no WebSocket, so no
+  `unauthorized` frame); missing or other subprotocol → HTTP 400 (websockets' negotiation);
+  draining → HTTP 503.
+- after the handshake: max connections → close 1013; frame over max_frame_bytes → close 1009
+  (websockets' `max_size`); `bad_frames_before_close` bad frames in a row → close 1008; drain →
+  close 1012.
+- everything else is an `error` frame and the connection stays open. Choices the SPEC leaves open:
+  subscribing to more than `max_conversations_per_connection` conversations is `overloaded` (a
+  resource limit, like rate_limited — not a malformed frame); a client that keeps sending but
+  never reads its replies is closed with 1008 once its send queue is full even of control frames.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import mimetypes
+import re
+import signal
+import time
+import uuid
+import weakref
+from http import HTTPStatus
+from pathlib import Path
+
+from prometheus_client import CONTENT_TYPE_LATEST
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
+from websockets.typing import Subprotocol
+
+from actors.hosting import (
+    Answer,
+    Backend,
+    Cancel,
+    Command,
+    Forbidden,
+    Owner,
+    SetMode,
+    Steer,
+    UnknownAgent,
+    UserMessage,
+)
+from gateway.auth import Unauthorized, authenticate
+from gateway.metrics import GatewayMetrics
+from gateway.session import FORBIDDEN_MESSAGE, Session
+from gateway.settings import Settings, check_bind
+from protocol.frames import (
+    SUBPROTOCOL,
+    WS_PATH,
+    Ack,
+    AnswerFrame,
+    CancelFrame,
+    ClientFrame,
+    CloseCode,
+    CommandFrame,
+    ErrorCode,
+    FrameError,
+    Open,
+    Ping,
+    Pong,
+    SetModeFrame,
+    SteerFrame,
+    Subscribe,
+    Unsubscribe,
+    UserMessageFrame,
+    decode_client_frame,
+    recover_id,
+)
+
+log = logging.getLogger("reactgate.gateway")
+
+STATIC_DIR = Path(__file__).with_name("static")
+_STATIC_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+PLACEHOLDER_PAGE = (
+    b"<!doctype html><meta charset=utf-8><title>reactgate</title>"
+    b"<h1>reactgate</h1><p>WebSocket endpoint: <code>/ws</code> (subprotocol <code>reactgate.v1</code>). "
+    b"Health: <a href=/healthz>/healthz</a> <a href=/readyz>/readyz</a> <a href=/metrics>/metrics</a>.</p>"
+)
+BINARY_MESSAGE = "binary frames are not accepted: send JSON text frames"
+
+
+def _command(frame: CommandFrame) -> Command:
+    match frame:
+        case UserMessageFrame():
+            return UserMessage(id=frame.id, text=frame.text)
+        case SteerFrame():
+            return Steer(id=frame.id, text=frame.text)
+        case AnswerFrame():
+            return Answer(id=frame.id, ask_id=frame.ask_id, answer=frame.answer)
+        case SetModeFrame():
+            return SetMode(id=frame.id, mode=frame.mode)
+        case CancelFrame():
+            return Cancel(id=frame.id)
+
+
+class GatewayServer:
+    """`await start()` → (host, port); `await serve_forever()`; `await drain()` on SIGTERM."""
+
+    def __init__(self, settings: Settings, backend: Backend) -> None:
+        self.settings = settings
+        self.backend = backend
+        self.metrics = GatewayMetrics()
+        self.sessions: set[Session] = set()
+        self.metrics.track(lambda: len(self.sessions), lambda: sum(s.queue_depth for s in self.sessions))
+        self._owners: weakref.WeakKeyDictionary[ServerConnection, Owner] = weakref.WeakKeyDictionary()
+        self._server: Server | None = None
+        self._backend_started = False
+        self._draining = False
+        self._drain_task: asyncio.Task[None] | None = None
+        self._stopped = asyncio.Event()
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        return self._backend_started and not self._draining
+
+    async def start(self) -> tuple[str, int]:
+        check_bind(self.settings)
+        await self.backend.start()
+        self._backend_started = True
+        try:
+            self._server = await serve(
+                self._handle_connection,
+                self.settings.host,
+                self.settings.port,
+                subprotocols=[Subprotocol(SUBPROTOCOL)],
+                process_request=self._process_request,
+                max_size=self.settings.max_frame_bytes,
+                compression="deflate" if self.settings.compression else None,
+            )
+        except BaseException:
+            self._backend_started = False
+            await self.backend.stop()
+            raise
+        host, port = self._server.sockets[0].getsockname()[:2]
+        log.info("reactgate gateway listening on %s:%s", host, port)
+        return str(host), int(port)
+
+    async def serve_forever(self) -> None:
+        """Return once `drain()` finished (or the server was closed)."""
+        await self._stopped.wait()
+
+    def drain_soon(self) -> None:
+        """Signal-handler friendly: start draining once."""
+        if self._drain_task is None:
+            self._drain_task = asyncio.create_task(self.drain())
+
+    async def drain(self) -> None:
+        """SIGTERM: stop accepting, flush every queue, close clients with 1012, stop the backend,
+        all within `drain_grace_s`. Clients resume on another replica with their last seq."""
+        if self._draining:
+            await self._stopped.wait()
+            return
+        self._draining = True
+        deadline = time.monotonic() + self.settings.drain_grace_s
+        server = self._server
+        try:
+            if server is not None:
+                server.server.close()  # stop listening; handshakes in flight get 503
+                sessions = list(self.sessions)
+                for session in sessions:
+                    session.pause_all()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        asyncio.gather(*(s.flushed() for s in sessions)), self._left(deadline, 0.5)
+                    )
+                server.close(code=CloseCode.SERVICE_RESTART, reason="server draining")
+                try:
+                    await asyncio.wait_for(server.wait_closed(), self._left(deadline, 0.25))
+                except TimeoutError:
+                    log.warning("drain: aborting %d connections that did not close", len(server.connections))
+                    for connection in list(server.all_connections):
+                        connection.transport.abort()
+            if self._backend_started:
+                try:
+                    await asyncio.wait_for(self.backend.stop(), max(0.1, deadline - time.monotonic()))
+                except TimeoutError:
+                    log.warning("drain: the backend did not stop within the grace period")
+                self._backend_started = False
+        finally:
+            self._stopped.set()
+
+    @staticmethod
+    def _left(deadline: float, share: float) -> float:
+        return max(0.0, (deadline - time.monotonic()) * share)
+
+    # -- HTTP on the same port ----------------------------------------------------------------
+
+    def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        path, _, query = request.path.partition("?")
+        if path == "/healthz":
+            return connection.respond(HTTPStatus.OK, "ok\n")
+        if path == "/readyz":
+            if self.ready:
+                return connection.respond(HTTPStatus.OK, "ready\n")
+            why = "draining" if self._draining else "backend not started"
+            return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, f"not ready: {why}\n")
+        if path == "/metrics":
+            return _response(HTTPStatus.OK, self.metrics.render(), CONTENT_TYPE_LATEST)
+        if path in ("/", "/index.html"):
+            index = STATIC_DIR / "index.html"
+            body = index.read_bytes() if index.is_file() else PLACEHOLDER_PAGE
+            return _response(HTTPStatus.OK, body, "text/html; charset=utf-8")
+        if path.startswith("/static/"):
+            return self._static(connection, path.removeprefix("/static/"))
+        if path != WS_PATH:
+            return connection.respond(HTTPStatus.NOT_FOUND, f"not found: the WebSocket endpoint is {WS_PATH}\n")
+        if self._draining:
+            return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "draining: reconnect to another replica\n")
+        try:
+            owner = authenticate(request.headers, query, self.settings.auth_secret)
+        except Unauthorized as exc:
+            self.metrics.connections_refused.labels("unauthorized").inc()
+            return connection.respond(HTTPStatus.UNAUTHORIZED, f"unauthorized: {exc}\n")
+        self._owners[connection] = owner
+        return None  # go on with the WebSocket handshake (subprotocol negotiation)
+
+    def _static(self, connection: ServerConnection, name: str) -> Response:
+        file = STATIC_DIR / name
+        if not _STATIC_NAME.match(name) or not file.is_file():
+            return connection.respond(HTTPStatus.NOT_FOUND, "not found\n")
+        content_type = mimetypes.guess_type(name)[0] or "application/octet-stream"
+        return _response(HTTPStatus.OK, file.read_bytes(), content_type)
+
+    # -- WebSocket ----------------------------------------------------------------------------
+
+    async def _handle_connection(self, ws: ServerConnection) -> None:
+        owner = self._owners.pop(ws, None)
+        if owner is None:  # process_request always sets it; never serve an unauthenticated socket
+            await ws.close(CloseCode.POLICY_VIOLATION, "unauthenticated")
+            return
+        if len(self.sessions) >= self.settings.max_connections:
+            self.metrics.connections_refused.labels("max_connections").inc()
+            with contextlib.suppress(ConnectionClosed):
+                await ws.close(CloseCode.TRY_AGAIN_LATER, "overloaded: max connections reached, retry later")
+            return
+        session = Session(ws, owner, self.backend, self.settings, self.metrics)
+        self.sessions.add(session)
+        self.metrics.connections_total.inc()
+        try:
+            await self._read_loop(ws, session)
+        except ConnectionClosed:
+            pass
+        finally:
+            self.sessions.discard(session)
+            await session.aclose()
+
+    async def _read_loop(self, ws: ServerConnection, session: Session) -> None:
+        while True:
+            if session.queue_depth:
+                # recv() returns buffered frames without yielding: let the writer hand the replies
+                # to the socket first, so a pipelining client is not mistaken for a slow one
+                await asyncio.sleep(0)
+            message = await ws.recv()
+            if not session.bucket.take():
+                frame_id = recover_id(message) if isinstance(message, str) else None
+                session.error(ErrorCode.RATE_LIMITED, "rate limit exceeded: frame not processed", frame_id)
+                continue
+            if isinstance(message, bytes):
+                self.metrics.frames_in.labels("binary").inc()
+                if await self._bad_frame(ws, session, FrameError(ErrorCode.BAD_REQUEST, BINARY_MESSAGE)):
+                    return
+                continue
+            try:
+                frame = decode_client_frame(message)
+            except FrameError as exc:
+                self.metrics.frames_in.labels("invalid").inc()
+                if await self._bad_frame(ws, session, exc):
+                    return
+                continue
+            session.bad_frames.good()
+            self.metrics.frames_in.labels(type(frame).__struct_config__.tag).inc()
+            await self._dispatch(session, frame)
+
+    async def _bad_frame(self, ws: ServerConnection, session: Session, exc: FrameError) -> bool:
+        """Answer a bad frame; True when the connection was closed for too many in a row."""
+        if session.bad_frames.bad():
+            self.metrics.errors.labels("closed_bad_frames").inc()
+            await ws.close(
+                CloseCode.POLICY_VIOLATION, f"{session.bad_frames.limit} bad frames in a row: {exc.message}"[:120]
+            )
+            return True
+        session.error(exc.code, exc.message, exc.id)
+        return False
+
+    async def _dispatch(self, session: Session, frame: ClientFrame) -> None:
+        conversation_id = getattr(frame, "conversation_id", None)
+        try:
+            await self._apply(session, frame)
+        except Forbidden:
+            session.error(ErrorCode.FORBIDDEN, FORBIDDEN_MESSAGE, frame.id, conversation_id)
+        except UnknownAgent as exc:
+            agent = getattr(frame, "agent", None)
+            session.error(ErrorCode.NOT_FOUND, f"unknown agent {agent!r}" if agent else str(exc), frame.id)
+        except ConnectionClosed:
+            raise
+        except Exception:
+            ref = uuid.uuid4().hex[:12]
+            log.exception("frame %s failed (ref %s)", type(frame).__name__, ref)
+            session.error(ErrorCode.INTERNAL, f"internal error (ref {ref})", frame.id, conversation_id)
+
+    async def _apply(self, session: Session, frame: ClientFrame) -> None:
+        backend, owner = self.backend, session.owner
+        match frame:
+            case Ping():
+                session.send(Pong(id=frame.id))
+            case Open():
+                opened = await backend.open(owner, frame.conversation_id, frame.agent, frame.mode)
+                session.send(
+                    Ack(id=frame.id, status="accepted", conversation_id=opened.conversation_id,
+                        last_seq=opened.last_seq)
+                )
+            case Subscribe():
+                cid = frame.conversation_id
+                if not session.can_watch(cid):
+                    session.error(
+                        ErrorCode.OVERLOADED,
+                        f"this connection already watches {session.max_watched} conversations: "
+                        "unsubscribe one first",
+                        frame.id,
+                        cid,
+                    )
+                    return
+                # Ownership check before the ack: re-opening a conversation raises Forbidden for a
+                # caller who does not own it, whether or not it exists.
+                opened = await backend.open(owner, cid, None, None)
+                session.send(
+                    Ack(id=frame.id, status="accepted", conversation_id=cid, last_seq=opened.last_seq,
+                        after_seq=frame.after_seq)
+                )
+                session.watch(cid, frame.after_seq)
+            case Unsubscribe():
+                cid = frame.conversation_id
+                if session.watching(cid):
+                    session.unwatch(cid)
+                else:
+                    await backend.open(owner, cid, None, None)  # forbidden for anything not owned
+                session.send(Ack(id=frame.id, status="accepted", conversation_id=cid))
+            case UserMessageFrame() | SteerFrame() | AnswerFrame() | SetModeFrame() | CancelFrame():
+                status = await backend.command(owner, frame.conversation_id, _command(frame))
+                session.send(Ack(id=frame.id, status=status, conversation_id=frame.conversation_id))
+
+
+def _response(status: HTTPStatus, body: bytes, content_type: str) -> Response:
+    headers = Headers(
+        [
+            ("Content-Type", content_type),
+            ("Content-Length", str(len(body))),
+            ("Cache-Control", "no-store"),
+            ("Connection", "close"),
+        ]
+    )
+    return Response(status.value, status.phrase, headers, body)
+
+
+async def run(settings: Settings, backend: Backend) -> None:
+    """Serve until SIGTERM/SIGINT, then drain (the CLI's `serve` calls this). Raises BindRefused."""
+    server = GatewayServer(settings, backend)
+    await server.start()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, server.drain_soon)
+    await server.serve_forever()

@@ -1,0 +1,346 @@
+"""One WebSocket connection's state: who it is, what it watches, and what it still has to send.
+
+Everything the connection sends goes through one bounded queue drained by one writer task, the
+only code that ever awaits this client's socket. Subscription tasks never await the socket:
+they append to the queue or, when it is full, pause. That is how one slow client never delays
+another, nor the backend's shared event path (SPEC §6 "Slow consumers").
+
+On overflow every subscription of the connection pauses: its task is cancelled, its queued
+events are dropped, and the client gets one `slow_consumer` error per paused conversation with
+`last_seq`, the last seq handed to its socket *before* that error frame. Re-subscribing with
+`after_seq = last_seq` therefore loses nothing and duplicates nothing (SPEC guarantee 5).
+
+Control frames (ack, error, pong) are also bounded, with headroom above the event bound: a
+client that keeps sending but never reads is closed with 1008 once even that headroom is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from enum import Enum
+from typing import Protocol
+
+from websockets.exceptions import ConnectionClosed
+
+from actors.hosting import Backend, Forbidden, Owner
+from gateway.limits import BadFrameCounter, TokenBucket
+from gateway.metrics import GatewayMetrics
+from gateway.settings import Settings
+from protocol.events import Event
+from protocol.frames import CloseCode, ErrorCode, ErrorFrame, ServerFrame, encode_event, encode_frame
+
+log = logging.getLogger("reactgate.gateway.session")
+
+FORBIDDEN_MESSAGE = "forbidden: no such conversation for this caller"  # same whether or not it exists
+SLOW_CONSUMER_MESSAGE = (
+    "send queue full: subscription paused; subscribe again with after_seq = last_seq to resume"
+)
+# A failed backend stream is re-opened after these pauses before the client is told.
+RESUBSCRIBE_BACKOFF_S = (0.05, 0.25, 1.0)
+# Control frames may exceed the event bound by this much before the connection is closed.
+CONTROL_HEADROOM = 64
+
+
+class Sink(Protocol):
+    """What the session needs from a WebSocket connection."""
+
+    async def send(self, message: bytes, *, text: bool | None = None) -> None: ...
+
+    async def close(self, code: int = 1000, reason: str = "") -> None: ...
+
+
+class _Kind(Enum):
+    CONTROL = 1
+    EVENT = 2
+    PAUSED = 3  # a slow_consumer error, encoded when written so it carries the delivered seq
+
+
+class _Out:
+    __slots__ = ("kind", "payload", "seq", "sub", "ts")
+
+    def __init__(
+        self, kind: _Kind, payload: bytes = b"", sub: _Subscription | None = None, seq: int = 0, ts: float = 0.0
+    ) -> None:
+        self.kind = kind
+        self.payload = payload
+        self.sub = sub
+        self.seq = seq
+        self.ts = ts
+
+
+class _Subscription:
+    """One watched conversation. Replaced (never reused) when the client subscribes again."""
+
+    __slots__ = ("active", "conversation_id", "delivered", "enqueued", "task")
+
+    def __init__(self, conversation_id: str, after_seq: int) -> None:
+        self.conversation_id = conversation_id
+        self.enqueued = after_seq   # only seq > this may be queued: no duplicate within a subscription
+        self.delivered = after_seq  # last seq handed to the socket: what slow_consumer reports
+        self.active = True
+        self.task: asyncio.Task[None] | None = None
+
+
+class Session:
+    resubscribe_backoff_s: tuple[float, ...] = RESUBSCRIBE_BACKOFF_S
+
+    def __init__(
+        self,
+        sink: Sink,
+        owner: Owner,
+        backend: Backend,
+        settings: Settings,
+        metrics: GatewayMetrics,
+    ) -> None:
+        self.sink = sink
+        self.owner = owner
+        self.backend = backend
+        self.metrics = metrics
+        self.max_events = settings.send_queue_frames
+        self.max_frames = settings.send_queue_frames + settings.max_conversations_per_connection + CONTROL_HEADROOM
+        self.max_watched = settings.max_conversations_per_connection
+        self.bucket = TokenBucket(settings.rate_per_s, settings.rate_burst)
+        self.bad_frames = BadFrameCounter(settings.bad_frames_before_close)
+        self.subs: dict[str, _Subscription] = {}
+        self._queue: deque[_Out] = deque()
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._closing = False
+        self._close_task: asyncio.Task[None] | None = None
+        self._writer = asyncio.create_task(self._write(), name="reactgate-session-writer")
+
+    # -- queue --------------------------------------------------------------------------------
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    def send(self, frame: ServerFrame) -> None:
+        """Queue a control frame (ack, error, pong). Never awaits the socket."""
+        if self._closing:
+            return
+        if isinstance(frame, ErrorFrame):
+            self.metrics.errors.labels(frame.code.value).inc()
+        if len(self._queue) >= self.max_frames:
+            self.close_soon(CloseCode.POLICY_VIOLATION, "slow consumer: send queue full")
+            return
+        self._queue.append(_Out(_Kind.CONTROL, encode_frame(frame)))
+        self._wake.set()
+
+    def error(
+        self,
+        code: ErrorCode,
+        message: str,
+        id: str | None = None,
+        conversation_id: str | None = None,
+    ) -> None:
+        self.send(ErrorFrame(code=code, message=message, id=id, conversation_id=conversation_id))
+
+    async def _write(self) -> None:
+        """The only coroutine that awaits this client's socket."""
+        queue, sink, metrics = self._queue, self.sink, self.metrics
+        try:
+            while True:
+                if not queue:
+                    self._idle.set()
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                self._idle.clear()
+                item = queue.popleft()
+                if item.kind is _Kind.EVENT:
+                    assert item.sub is not None
+                    item.sub.delivered = item.seq  # popped in order: everything before is on the wire
+                    await sink.send(item.payload, text=True)
+                    metrics.events_sent.inc()
+                    metrics.delivery_latency.observe(max(0.0, time.time() - item.ts))
+                elif item.kind is _Kind.PAUSED:
+                    assert item.sub is not None
+                    frame = ErrorFrame(
+                        code=ErrorCode.SLOW_CONSUMER,
+                        message=SLOW_CONSUMER_MESSAGE,
+                        conversation_id=item.sub.conversation_id,
+                        last_seq=item.sub.delivered,
+                    )
+                    await sink.send(encode_frame(frame), text=True)
+                else:
+                    await sink.send(item.payload, text=True)
+        except ConnectionClosed:
+            pass
+        except Exception:
+            log.exception("session writer failed")
+            self.close_soon(CloseCode.INTERNAL_ERROR, "internal error")
+        finally:
+            self._idle.set()
+
+    def _purge(self, sub: _Subscription) -> None:
+        """Drop a replaced or paused subscription's queued frames."""
+        if any(item.sub is sub for item in self._queue):
+            self._filter_queue(lambda item: item.sub is not sub)
+
+    def _filter_queue(self, keep: Callable[[_Out], bool]) -> None:
+        # in place: the writer holds this deque
+        kept = [item for item in self._queue if keep(item)]
+        self._queue.clear()
+        self._queue.extend(kept)
+
+    # -- subscriptions ------------------------------------------------------------------------
+
+    def watching(self, conversation_id: str) -> bool:
+        return conversation_id in self.subs
+
+    def can_watch(self, conversation_id: str) -> bool:
+        return conversation_id in self.subs or len(self.subs) < self.max_watched
+
+    def watch(self, conversation_id: str, after_seq: int) -> None:
+        """Start (or restart from `after_seq`) streaming a conversation the caller owns."""
+        self.unwatch(conversation_id)
+        sub = _Subscription(conversation_id, after_seq)
+        self.subs[conversation_id] = sub
+        sub.task = asyncio.create_task(self._pump(sub), name=f"reactgate-sub-{conversation_id}")
+
+    def unwatch(self, conversation_id: str) -> None:
+        sub = self.subs.pop(conversation_id, None)
+        if sub is None:
+            return
+        self._stop(sub)
+        self._purge(sub)
+
+    def _stop(self, sub: _Subscription) -> None:
+        sub.active = False
+        if sub.task is not None and sub.task is not asyncio.current_task():
+            sub.task.cancel()
+
+    async def _pump(self, sub: _Subscription) -> None:
+        """Stream one subscription into the queue. A failed backend stream is re-opened from the
+        last queued seq (no gap, no duplicate); after RESUBSCRIBE_BACKOFF_S is exhausted the client
+        gets `internal` with `last_seq` and resumes itself."""
+        failures = 0
+        try:
+            while sub.active and not self._closing:
+                stream: AsyncIterator[list[Event]] | None = None
+                try:
+                    stream = self.backend.subscribe(self.owner, sub.conversation_id, sub.enqueued)
+                    async for batch in stream:
+                        before = sub.enqueued
+                        if not await self._offer(sub, batch):
+                            return
+                        if sub.enqueued > before:
+                            failures = 0  # progress: a later failure starts a fresh series
+                    return  # the backend ended the stream: it is stopping
+                except Forbidden:
+                    self._end(sub, ErrorCode.FORBIDDEN, FORBIDDEN_MESSAGE)
+                    return
+                except Exception:
+                    failures += 1
+                    if failures > len(self.resubscribe_backoff_s):
+                        log.exception("subscription to %s failed; giving up", sub.conversation_id)
+                        self._end(sub, ErrorCode.INTERNAL, "internal error: subscription ended; "
+                                  "subscribe again with after_seq = last_seq to resume", sub.enqueued)
+                        return
+                    log.warning("subscription to %s failed; re-subscribing after seq %d",
+                                sub.conversation_id, sub.enqueued, exc_info=True)
+                    await asyncio.sleep(self.resubscribe_backoff_s[failures - 1])
+                finally:
+                    aclose = getattr(stream, "aclose", None)
+                    if aclose is not None:
+                        with contextlib.suppress(Exception):
+                            await aclose()
+        finally:
+            sub.active = False
+
+    def _end(self, sub: _Subscription, code: ErrorCode, message: str, last_seq: int | None = None) -> None:
+        """A subscription the backend ended: stop watching it and say why (after its queued events)."""
+        if self.subs.get(sub.conversation_id) is sub:
+            del self.subs[sub.conversation_id]
+            self.send(ErrorFrame(code=code, message=message, conversation_id=sub.conversation_id,
+                                 last_seq=last_seq))
+
+    async def _offer(self, sub: _Subscription, batch: list[Event]) -> bool:
+        """Queue a batch; False when the subscription must stop (replaced, paused, closing).
+
+        When the queue is full it yields to the event loop once, so the writer can hand what the
+        socket accepts without blocking; if there is still no room the client is slow: overflow.
+        It never waits for the socket itself.
+        """
+        queue, start, n = self._queue, 0, len(batch)
+        while start < n:
+            if not sub.active or self._closing:
+                return False
+            room = self.max_events - len(queue)
+            if room <= 0:
+                self._wake.set()
+                await asyncio.sleep(0)
+                if not sub.active or self._closing:
+                    return False
+                if len(queue) >= self.max_events:
+                    self._overflow()
+                    return False
+                continue
+            for event in batch[start : start + room]:
+                if event.seq > sub.enqueued:  # else already queued or delivered by this subscription
+                    queue.append(_Out(_Kind.EVENT, encode_event(event), sub, event.seq, event.ts))
+                    sub.enqueued = event.seq
+            start += room
+            self._wake.set()
+        return True
+
+    def _overflow(self) -> None:
+        """Pause every subscription of this connection; tell the client where each stopped."""
+        self.metrics.slow_consumers.inc()
+        paused = [sub for sub in self.subs.values() if sub.active]
+        for sub in paused:
+            self._stop(sub)
+        self._filter_queue(lambda item: item.kind is not _Kind.EVENT)
+        for sub in paused:
+            self._queue.append(_Out(_Kind.PAUSED, sub=sub))
+            self.metrics.errors.labels(ErrorCode.SLOW_CONSUMER.value).inc()
+        self._wake.set()
+
+    def pause_all(self) -> None:
+        """Stop producing events (drain): what is queued still goes out."""
+        for sub in self.subs.values():
+            self._stop(sub)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def flushed(self) -> None:
+        """Wait until everything queued has been handed to the socket."""
+        while (self._queue or not self._idle.is_set()) and not self._writer.done():
+            await self._idle.wait()
+            if self._queue:
+                await asyncio.sleep(0)  # the writer has not woken up yet
+
+    def close_soon(self, code: int, reason: str) -> None:
+        """Close the connection from a path that must not await (e.g. a full queue)."""
+        if self._closing:
+            return
+        self._closing = True
+        self.pause_all()
+        self._close_task = asyncio.create_task(self._close(code, reason))
+
+    async def _close(self, code: int, reason: str) -> None:
+        with contextlib.suppress(ConnectionClosed):
+            await self.sink.close(code, reason)
+
+    async def aclose(self) -> None:
+        """Release everything this connection holds. Idempotent."""
+        self._closing = True
+        tasks = [sub.task for sub in self.subs.values() if sub.task is not None]
+        for sub in self.subs.values():
+            self._stop(sub)
+        self.subs.clear()
+        self._writer.cancel()
+        tasks.append(self._writer)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._queue.clear()

@@ -1,0 +1,234 @@
+"""protocol/frames.py: the wire frames of reactgate.v1 (SPEC §6), decoded and encoded without I/O."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from protocol.events import Event
+from protocol.frames import (
+    CLIENT_FRAME_TYPES,
+    ERROR_CODES,
+    Ack,
+    AnswerFrame,
+    CancelFrame,
+    ErrorCode,
+    ErrorFrame,
+    EventFrame,
+    FrameError,
+    Open,
+    Ping,
+    Pong,
+    SetModeFrame,
+    SteerFrame,
+    Subscribe,
+    Unsubscribe,
+    UserMessageFrame,
+    decode_client_frame,
+    decode_server_frame,
+    encode_event,
+    encode_frame,
+    recover_id,
+)
+
+
+def frame(**fields: Any) -> bytes:
+    return json.dumps(fields).encode()
+
+
+VALID = [
+    (frame(type="open", id="1"), Open(id="1")),
+    (frame(type="open", id="1", conversation_id="c", agent="demo", mode="ask"),
+     Open(id="1", conversation_id="c", agent="demo", mode="ask")),
+    (frame(type="subscribe", id="2", conversation_id="c"), Subscribe(id="2", conversation_id="c", after_seq=0)),
+    (frame(type="subscribe", id="2", conversation_id="c", after_seq=7), Subscribe(id="2", conversation_id="c", after_seq=7)),
+    (frame(type="unsubscribe", id="3", conversation_id="c"), Unsubscribe(id="3", conversation_id="c")),
+    (frame(type="user_message", id="4", conversation_id="c", text="hi"),
+     UserMessageFrame(id="4", conversation_id="c", text="hi")),
+    (frame(type="steer", id="5", conversation_id="c", text="stop"), SteerFrame(id="5", conversation_id="c", text="stop")),
+    (frame(type="answer", id="6", conversation_id="c", ask_id="a1", answer="yes"),
+     AnswerFrame(id="6", conversation_id="c", ask_id="a1", answer="yes")),
+    (frame(type="set_mode", id="7", conversation_id="c", mode="ask"), SetModeFrame(id="7", conversation_id="c", mode="ask")),
+    (frame(type="cancel", id="8", conversation_id="c"), CancelFrame(id="8", conversation_id="c")),
+    (frame(type="ping", id="9"), Ping(id="9")),
+]
+
+
+@pytest.mark.parametrize(("raw", "expected"), VALID, ids=[v[1].__class__.__name__ for v in VALID])
+def test_every_client_frame_type_decodes(raw: bytes, expected: object) -> None:
+    assert decode_client_frame(raw) == expected
+    assert decode_client_frame(raw.decode()) == expected  # text frames arrive as str
+
+
+def test_the_frame_table_covers_every_type() -> None:
+    assert {type(v[1]).__struct_config__.tag for v in VALID} == set(CLIENT_FRAME_TYPES)
+
+
+def test_key_order_does_not_matter() -> None:
+    assert decode_client_frame(b'{"id":"1","text":"t","conversation_id":"c","type":"user_message"}') == (
+        UserMessageFrame(id="1", conversation_id="c", text="t")
+    )
+
+
+def bad(raw: bytes | str) -> FrameError:
+    with pytest.raises(FrameError) as info:
+        decode_client_frame(raw)
+    assert info.value.code is ErrorCode.BAD_REQUEST
+    return info.value
+
+
+@pytest.mark.parametrize(
+    ("raw", "names"),
+    [
+        (frame(type="user_message", id="1", conversation_id="c", text=1), "`$.text`"),
+        (frame(type="user_message", id="1", conversation_id="c"), "`text`"),
+        (frame(type="subscribe", id="1", conversation_id=5), "`$.conversation_id`"),
+        (frame(type="subscribe", id="1", conversation_id="c", after_seq=-1), "`$.after_seq`"),
+        (frame(type="subscribe", id="1", conversation_id="c", after_seq="3"), "`$.after_seq`"),
+        (frame(type="set_mode", id="1", conversation_id="c"), "`mode`"),
+        (frame(type="set_mode", id="1", conversation_id="c", mode="god"), "`$.mode`"),
+        (frame(type="open", id="1", mode="god"), "`$.mode`"),
+        (frame(type="answer", id="1", conversation_id="c", answer="y"), "`ask_id`"),
+        (frame(type="ping", id="1", extra=True), "`extra`"),
+        (frame(type="ping"), "`id`"),
+        (frame(type="ping", id=""), "`$.id`"),
+        (frame(type="ping", id="x" * 129), "`$.id`"),
+        (frame(type="ping", id=3), "`$.id`"),
+        (frame(id="1"), "`type`"),
+        (frame(type="launch_missiles", id="1"), "`$.type`"),
+    ],
+)
+def test_each_error_names_the_field(raw: bytes, names: str) -> None:
+    assert names in bad(raw).message
+
+
+def test_unknown_type_lists_the_known_types() -> None:
+    assert "known types: open, subscribe" in bad(frame(type="nope", id="1")).message
+
+
+@pytest.mark.parametrize("raw", [b"", b"{", b"not json", b"\xff\xfe", b'{"type":"ping"', b'{"type":"ping","id":"1"} x'])
+def test_invalid_json_is_bad_request(raw: bytes) -> None:
+    assert bad(raw).message.startswith("invalid JSON")
+
+
+@pytest.mark.parametrize("raw", [b"[]", b"1", b'"ping"', b"null"])
+def test_a_frame_must_be_an_object(raw: bytes) -> None:
+    assert "Expected `object`" in bad(raw).message
+
+
+def test_the_id_is_recovered_from_a_bad_frame() -> None:
+    assert bad(frame(type="user_message", id="abc", conversation_id="c", text=1)).id == "abc"
+    assert bad(frame(type="nope", id="abc")).id == "abc"
+    assert bad(frame(type="ping", id="abc", extra=1)).id == "abc"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"{", frame(type="ping", id=1), frame(type="ping", id=""), frame(type="ping", id="x" * 129), b"[]",
+     frame(type="ping")],
+)
+def test_no_id_is_invented(raw: bytes) -> None:
+    assert bad(raw).id is None
+
+
+def test_deep_nesting_is_a_frame_error() -> None:
+    deep = b"[" * 100_000 + b"]" * 100_000
+    # the id is best effort here: skipping the nested value may itself exceed the depth limit
+    assert bad(b'{"type":"ping","id":"1","x":' + deep + b"}").id in (None, "1")
+    assert bad(b'{"x":' + deep + b',"type":"ping","id":"1"}').id in (None, "1")
+    assert bad(b'{"type":"ping","id":"1","x":[[[[1]]]]}').id == "1"
+    assert recover_id(b'{"id":' + deep + b"}") is None
+
+
+def test_every_error_code_is_documented() -> None:
+    assert set(ERROR_CODES) == set(ErrorCode)
+    assert {c.value for c in ErrorCode} == {
+        "bad_request", "unauthorized", "forbidden", "not_found", "rate_limited", "too_large",
+        "slow_consumer", "overloaded", "internal",
+    }
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4),
+    max_leaves=20,
+)
+frame_like = st.fixed_dictionaries(
+    {},
+    optional={
+        "type": st.sampled_from([*CLIENT_FRAME_TYPES, "nope"]) | json_values,
+        "id": st.text(max_size=130) | json_values,
+        "conversation_id": st.text(max_size=5) | json_values,
+        "text": st.text(max_size=5) | json_values,
+        "after_seq": st.integers() | json_values,
+        "mode": st.sampled_from(["agent", "ask", "x"]) | json_values,
+        "ask_id": json_values,
+        "answer": json_values,
+        "agent": json_values,
+        "junk": json_values,
+    },
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200) | st.text(max_size=200) | json_values.map(json.dumps) | frame_like.map(json.dumps))
+def test_arbitrary_input_raises_only_frame_error(data: bytes | str) -> None:
+    try:
+        decoded = decode_client_frame(data)
+    except FrameError as exc:
+        assert exc.code is ErrorCode.BAD_REQUEST
+        assert exc.id is None or 1 <= len(exc.id) <= 128
+    else:
+        assert type(decoded).__struct_config__.tag in CLIENT_FRAME_TYPES
+
+
+# -- server frames -----------------------------------------------------------------------------
+
+
+def test_ack_always_carries_its_status() -> None:
+    assert json.loads(encode_frame(Ack(id="1", status="accepted"))) == {"type": "ack", "id": "1", "status": "accepted"}
+    assert json.loads(encode_frame(Ack(id="1", status="duplicate", conversation_id="c"))) == {
+        "type": "ack", "id": "1", "status": "duplicate", "conversation_id": "c",
+    }
+    assert json.loads(encode_frame(Ack(id="1", status="accepted", conversation_id="c", last_seq=0)))["last_seq"] == 0
+
+
+def test_error_frame_shape() -> None:
+    assert json.loads(encode_frame(ErrorFrame(code=ErrorCode.FORBIDDEN, message="m"))) == {
+        "type": "error", "code": "forbidden", "message": "m",
+    }
+    slow = ErrorFrame(code=ErrorCode.SLOW_CONSUMER, message="m", conversation_id="c", last_seq=4)
+    assert json.loads(encode_frame(slow)) == {
+        "type": "error", "code": "slow_consumer", "message": "m", "conversation_id": "c", "last_seq": 4,
+    }
+
+
+def test_pong() -> None:
+    assert json.loads(encode_frame(Pong(id="9"))) == {"type": "pong", "id": "9"}
+
+
+@given(
+    st.text(min_size=1, max_size=20),
+    st.integers(min_value=1, max_value=2**40),
+    st.text(max_size=20),
+    st.dictionaries(st.text(max_size=5), st.integers() | st.text(max_size=5), max_size=3),
+    st.floats(min_value=0, max_value=2e9),
+)
+def test_encode_event_is_the_event_frame(cid: str, seq: int, name: str, data: dict[str, Any], ts: float) -> None:
+    event = Event(conversation_id=cid, seq=seq, event=name, data=data, ts=ts)
+    spliced = encode_event(event)
+    assert spliced == encode_frame(EventFrame(conversation_id=cid, seq=seq, event=name, data=data, ts=ts))
+    assert decode_server_frame(spliced) == EventFrame(conversation_id=cid, seq=seq, event=name, data=data, ts=ts)
+
+
+def test_server_frames_round_trip() -> None:
+    for f in (Ack(id="1", status="accepted", conversation_id="c", last_seq=3, after_seq=1), Pong(id="2"),
+              ErrorFrame(code=ErrorCode.RATE_LIMITED, message="slow down", id="3")):
+        assert decode_server_frame(encode_frame(f)) == f
+    with pytest.raises(msgspec.ValidationError):
+        decode_server_frame(b'{"type":"nope"}')

@@ -1,0 +1,518 @@
+"""The gateway over a real socket (SPEC §6): every frame type, every client-reachable error code,
+the close codes, ownership, slow consumers, drain, and the HTTP endpoints.
+
+Run against `tests/fake_backend.py`, an in-memory Backend: these are the gateway's edge tests,
+not conversation tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+
+import jwt
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from actors.hosting import Answer, Cancel, Command, SetMode, Steer, UserMessage
+from gateway.server import GatewayServer
+from gateway.session import FORBIDDEN_MESSAGE, Session
+from gateway.settings import BindRefused, Settings
+from protocol.frames import CloseCode, ErrorCode
+from tests.fake_backend import BOOM
+from tests.gateway_harness import PROTO, TIMEOUT, Client, http_get, running
+
+SECRET = "test-secret-for-hs256-at-least-32-bytes!"
+
+
+def token(sub: str = "alice", tenant: str = "acme", exp_in: float | None = 3600, **claims: object) -> str:
+    payload: dict[str, object] = {"sub": sub, "tenant": tenant, **claims}
+    if exp_in is not None:
+        payload["exp"] = int(time.time() + exp_in)
+    return jwt.encode(payload, SECRET, algorithm="HS256")
+
+
+async def closed_code(client: Client) -> int | None:
+    """Read until the server closes the connection; the close code it sent."""
+    with pytest.raises(ConnectionClosed) as info:
+        while True:
+            await client.recv()
+    return info.value.rcvd.code if info.value.rcvd else None
+
+
+# -- every frame type and its reply ------------------------------------------------------------
+
+
+async def test_ping_gets_pong() -> None:
+    async with running() as h, h.client() as c:
+        assert await c.request(type="ping", id="p1") == {"type": "pong", "id": "p1"}
+
+
+async def test_open_creates_then_reopens_a_conversation() -> None:
+    async with running() as h, h.client() as c:
+        ack = await c.request(type="open", id="o1", agent="demo", mode="agent")
+        assert ack["type"] == "ack" and ack["status"] == "accepted" and ack["id"] == "o1"
+        assert ack["last_seq"] == 0 and len(ack["conversation_id"]) >= 16
+        await h.backend.emit(ack["conversation_id"], 3)
+        again = await c.request(type="open", conversation_id=ack["conversation_id"])
+        assert again["conversation_id"] == ack["conversation_id"] and again["last_seq"] == 3
+
+
+async def test_open_unknown_agent_is_not_found() -> None:
+    async with running() as h, h.client() as c:
+        error = await c.request(type="open", id="o1", agent="nobody")
+        assert error == {"type": "error", "id": "o1", "code": "not_found", "message": "unknown agent 'nobody'"}
+
+
+async def test_subscribe_acks_then_replays_after_seq_then_streams_live() -> None:
+    async with running() as h, h.client() as c:
+        cid = await c.open()
+        await h.backend.emit(cid, 5)
+        ack = await c.request(type="subscribe", id="s1", conversation_id=cid, after_seq=2)
+        assert ack == {"type": "ack", "id": "s1", "status": "accepted", "conversation_id": cid,
+                       "last_seq": 5, "after_seq": 2}
+        assert c.events == []  # open does not subscribe, and the ack comes before the stream
+        assert [e["seq"] for e in await c.events_until(cid, 5)] == [3, 4, 5]
+        await h.backend.emit(cid, 2)
+        events = await c.events_until(cid, 7)
+        assert [e["seq"] for e in events] == [3, 4, 5, 6, 7]
+        assert set(events[0]) == {"type", "conversation_id", "seq", "event", "data", "ts"}
+
+
+async def test_subscribing_again_restarts_from_the_new_after_seq() -> None:
+    async with running() as h, h.client() as c:
+        cid = await c.open()
+        await h.backend.emit(cid, 4)
+        await c.request(type="subscribe", conversation_id=cid)
+        await c.events_until(cid, 4)
+        c.events.clear()
+        await c.request(type="subscribe", conversation_id=cid, after_seq=1)
+        assert [e["seq"] for e in await c.events_until(cid, 4)] == [2, 3, 4]
+
+
+async def test_unsubscribe_stops_the_stream() -> None:
+    async with running() as h, h.client() as c:
+        a, b = await c.open(), await c.open()
+        await c.request(type="subscribe", conversation_id=a)
+        await c.request(type="subscribe", conversation_id=b)
+        ack = await c.request(type="unsubscribe", id="u1", conversation_id=a)
+        assert ack == {"type": "ack", "id": "u1", "status": "accepted", "conversation_id": a}
+        await h.backend.emit(a, 3)
+        await h.backend.emit(b, 1)
+        await c.events_until(b, 1)
+        assert [e for e in c.events if e["conversation_id"] == a] == []
+        (session,) = h.server.sessions
+        assert not session.watching(a) and session.watching(b)
+
+
+@pytest.mark.parametrize(
+    ("frame_type", "fields", "command"),
+    [
+        ("user_message", {"text": "hello"}, UserMessage(id="c1", text="hello")),
+        ("steer", {"text": "stop that"}, Steer(id="c1", text="stop that")),
+        ("answer", {"ask_id": "a1", "answer": "yes"}, Answer(id="c1", ask_id="a1", answer="yes")),
+        ("set_mode", {"mode": "ask"}, SetMode(id="c1", mode="ask")),
+        ("cancel", {}, Cancel(id="c1")),
+    ],
+)
+async def test_commands_reach_the_backend_and_are_acked(
+    frame_type: str, fields: dict[str, str], command: Command
+) -> None:
+    async with running() as h, h.client() as c:
+        cid = await c.open()
+        ack = await c.request(type=frame_type, id="c1", conversation_id=cid, **fields)
+        assert ack == {"type": "ack", "id": "c1", "status": "accepted", "conversation_id": cid}
+        assert h.backend.conversations[cid].commands == [command]
+
+
+@pytest.mark.parametrize(
+    ("frame_type", "fields"),
+    [("user_message", {"text": "hello"}), ("steer", {"text": "x"}), ("answer", {"ask_id": "a", "answer": "y"})],
+)
+async def test_a_repeated_command_is_acked_duplicate(frame_type: str, fields: dict[str, str]) -> None:
+    async with running() as h, h.client() as c:
+        cid = await c.open()
+        first = await c.request(type=frame_type, id="m1", conversation_id=cid, **fields)
+        second = await c.request(type=frame_type, id="m1", conversation_id=cid, **fields)
+        assert (first["status"], second["status"]) == ("accepted", "duplicate")
+        assert len(h.backend.conversations[cid].commands) == 1
+
+
+async def test_duplicate_holds_across_connections() -> None:
+    async with running() as h:
+        async with h.client() as c:
+            cid = await c.open()
+            assert (await c.request(type="user_message", id="m1", conversation_id=cid, text="hi"))["status"] == "accepted"
+        async with h.client() as c:
+            assert (await c.request(type="user_message", id="m1", conversation_id=cid, text="hi"))["status"] == "duplicate"
+
+
+async def test_two_connections_on_one_conversation_get_identical_sequences() -> None:
+    async with running() as h, h.client() as a, h.client() as b:
+        cid = await a.open()
+        await b.open(conversation_id=cid)
+        await a.request(type="subscribe", conversation_id=cid)
+        await h.backend.emit(cid, 10)
+        await b.request(type="subscribe", conversation_id=cid)
+        await a.request(type="user_message", conversation_id=cid, text="hi")
+        await h.backend.emit(cid, 10)
+        ea, eb = await a.events_until(cid, 21), await b.events_until(cid, 21)
+        assert ea == eb
+        assert [e["seq"] for e in ea] == list(range(1, 22))
+
+
+async def test_a_failed_backend_stream_resumes_without_gap_or_duplicate() -> None:
+    async with running() as h, h.client() as c:
+        cid = await c.open()
+        await c.request(type="subscribe", conversation_id=cid)
+        await h.backend.emit(cid, 3)
+        await c.events_until(cid, 3)
+        h.backend.stream_faults = 2
+        await h.backend.emit(cid, 3)
+        await c.events_until(cid, 6)
+        await h.backend.emit(cid, 3)
+        assert [e["seq"] for e in await c.events_until(cid, 9)] == list(range(1, 10))
+        assert h.backend.stream_faults == 0 and c.unsolicited == []
+
+
+async def test_a_stream_that_keeps_failing_ends_with_internal_and_last_seq(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Session, "resubscribe_backoff_s", (0.0, 0.0))
+    async with running() as h, h.client() as c:
+        cid = await c.open()
+        await h.backend.emit(cid, 2)
+        await c.request(type="subscribe", conversation_id=cid)
+        await c.events_until(cid, 2)
+        h.backend.stream_faults, h.backend.broken = 1, True
+        await h.backend.emit(cid, 1)
+        error = await c.reply(None)
+        assert (error["code"], error["conversation_id"], error["last_seq"]) == ("internal", cid, 3)
+        assert "host lost" not in error["message"]
+        assert [e["seq"] for e in c.events] == [1, 2, 3]
+
+
+# -- bad input -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "frame_id", "names"),
+    [
+        ("{not json", None, "invalid JSON"),
+        ('{"type":"teleport","id":"b1"}', "b1", "`$.type`"),
+        ('{"type":"user_message","id":"b1","conversation_id":"c"}', "b1", "`text`"),
+        ('{"type":"user_message","id":"b1","conversation_id":"c","text":5}', "b1", "`$.text`"),
+        ('{"type":"subscribe","id":"b1","conversation_id":"c","after_seq":"x"}', "b1", "`$.after_seq`"),
+        ('{"type":"set_mode","id":"b1","conversation_id":"c"}', "b1", "`mode`"),
+        ('{"type":"ping","id":"' + "x" * 200 + '"}', None, "`$.id`"),
+        ("[]", None, "object"),
+    ],
+)
+async def test_bad_frames_get_bad_request_and_the_connection_stays_open(
+    raw: str, frame_id: str | None, names: str
+) -> None:
+    async with running() as h, h.client() as c:
+        await c.ws.send(raw)
+        error = await c.reply(frame_id)
+        assert error["type"] == "error" and error["code"] == "bad_request"
+        assert names in error["message"]
+        assert (await c.request(type="ping"))["type"] == "pong"
+
+
+async def test_binary_frame_is_bad_request() -> None:
+    async with running() as h, h.client() as c:
+        await c.ws.send(b'{"type":"ping","id":"1"}')
+        error = await c.reply(None)
+        assert error["code"] == "bad_request" and "binary" in error["message"]
+        assert (await c.request(type="ping"))["type"] == "pong"
+
+
+async def test_ten_bad_frames_in_a_row_close_with_1008() -> None:
+    async with running(bad_frames_before_close=10) as h, h.client() as c:
+        for _ in range(9):
+            await c.ws.send("junk")
+            assert (await c.reply(None))["code"] == "bad_request"
+        await c.ws.send("junk")
+        assert await closed_code(c) == CloseCode.POLICY_VIOLATION
+
+
+async def test_a_good_frame_resets_the_bad_frame_count() -> None:
+    async with running(bad_frames_before_close=3) as h, h.client() as c:
+        for _ in range(3):
+            await c.ws.send("junk")
+            await c.ws.send("junk")
+            assert (await c.reply(None))["code"] == "bad_request"
+            assert (await c.reply(None))["code"] == "bad_request"
+            assert (await c.request(type="ping"))["type"] == "pong"
+
+
+async def test_a_frame_over_max_frame_bytes_closes_with_1009() -> None:
+    async with running(max_frame_bytes=1024) as h, h.client() as c:
+        cid = await c.open()
+        await c.send(type="user_message", conversation_id=cid, text="x" * 2000)
+        assert await closed_code(c) == CloseCode.MESSAGE_TOO_BIG
+
+
+async def test_rate_limited_frames_are_not_processed() -> None:
+    async with running(rate_per_s=0.001, rate_burst=3) as h, h.client() as c:
+        cid = await c.open()  # 1 token
+        ids = [await c.send(type="user_message", conversation_id=cid, text=f"m{i}") for i in range(4)]
+        replies = [await c.reply(i) for i in ids]
+        assert [r["type"] for r in replies] == ["ack", "ack", "error", "error"]
+        assert {r.get("code") for r in replies[2:]} == {"rate_limited"}
+        assert [m.id for m in h.backend.conversations[cid].commands] == ids[:2]
+
+
+async def test_unexpected_backend_failure_is_internal_without_internals() -> None:
+    async with running() as h, h.client() as c:
+        cid = await c.open()
+        error = await c.request(type="user_message", id="x1", conversation_id=cid, text=BOOM)
+        assert error["type"] == "error" and error["code"] == "internal" and error["id"] == "x1"
+        assert "secret" not in error["message"] and "sqlite" not in error["message"]
+        assert (await c.request(type="ping"))["type"] == "pong"
+
+
+# -- ownership -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("frame_type", "fields"),
+    [
+        ("open", {}),
+        ("subscribe", {"after_seq": 0}),
+        ("unsubscribe", {}),
+        ("user_message", {"text": "hi"}),
+        ("steer", {"text": "hi"}),
+        ("answer", {"ask_id": "a", "answer": "y"}),
+        ("set_mode", {"mode": "ask"}),
+        ("cancel", {}),
+    ],
+)
+async def test_another_tenant_is_forbidden_whether_or_not_the_conversation_exists(
+    frame_type: str, fields: dict[str, object]
+) -> None:
+    async with running(auth_secret=SECRET) as h:
+        async with h.client(token("alice", "acme")) as owner:
+            cid = await owner.open()
+        async with h.client(token("alice", "other-tenant")) as intruder:
+            existing = await intruder.request(type=frame_type, id="f", conversation_id=cid, **fields)
+            missing = await intruder.request(type=frame_type, id="f", conversation_id="no-such-id", **fields)
+        assert existing["code"] == missing["code"] == "forbidden"
+        assert existing["message"] == missing["message"] == FORBIDDEN_MESSAGE
+        assert h.backend.conversations[cid].commands == []
+
+
+async def test_another_user_of_the_same_tenant_is_forbidden() -> None:
+    async with running(auth_secret=SECRET) as h:
+        async with h.client(token("alice")) as a:
+            cid = await a.open()
+        async with h.client(token("bob")) as b:
+            assert (await b.request(type="subscribe", conversation_id=cid))["code"] == "forbidden"
+
+
+async def test_the_owner_reconnects_with_a_new_token() -> None:
+    async with running(auth_secret=SECRET) as h:
+        async with h.client(token("alice")) as a:
+            cid = await a.open()
+        async with h.client(token("alice")) as a:
+            assert (await a.request(type="subscribe", conversation_id=cid))["type"] == "ack"
+
+
+# -- auth ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "bad_token",
+    [
+        None,
+        "not-a-jwt",
+        jwt.encode({"sub": "alice", "tenant": "acme"}, "another-secret-another-secret-123", algorithm="HS256"),
+        token(exp_in=-60),
+        jwt.encode({"sub": "alice"}, SECRET, algorithm="HS256"),
+        jwt.encode({"tenant": "acme"}, SECRET, algorithm="HS256"),
+    ],
+    ids=["missing", "garbage", "wrong-secret", "expired", "no-tenant", "no-sub"],
+)
+async def test_bad_and_expired_tokens_are_refused_with_401(bad_token: str | None) -> None:
+    async with running(auth_secret=SECRET) as h:
+        with pytest.raises(InvalidStatus) as info:
+            async with h.client(bad_token):
+                pass
+        response = info.value.response
+        assert response.status_code == 401
+        assert bad_token is None or bad_token.encode() not in response.body
+
+
+async def test_token_in_query_string_is_accepted() -> None:
+    async with running(auth_secret=SECRET) as h, connect(f"{h.url}?token={token()}", subprotocols=PROTO) as ws:
+        assert (await Client(ws).request(type="ping"))["type"] == "pong"
+
+
+async def test_expired_query_token_is_refused() -> None:
+    async with running(auth_secret=SECRET) as h:
+        with pytest.raises(InvalidStatus) as info:
+            async with connect(f"{h.url}?token={token(exp_in=-5)}", subprotocols=PROTO):
+                pass
+        assert info.value.response.status_code == 401
+        assert b"expired" in info.value.response.body
+
+
+async def test_non_loopback_bind_without_secret_refuses_to_start() -> None:
+    backend_started = False
+
+    class Never:
+        async def start(self) -> None:
+            nonlocal backend_started
+            backend_started = True
+
+    server = GatewayServer(Settings(host="0.0.0.0", port=0), Never())  # type: ignore[arg-type]
+    with pytest.raises(BindRefused, match="auth secret"):
+        await server.start()
+    assert not backend_started
+
+
+# -- limits --------------------------------------------------------------------------------------
+
+
+async def test_watching_more_than_the_limit_is_overloaded() -> None:
+    async with running(max_conversations_per_connection=2) as h, h.client() as c:
+        ids = [await c.open() for _ in range(3)]
+        assert (await c.request(type="subscribe", conversation_id=ids[0]))["type"] == "ack"
+        assert (await c.request(type="subscribe", conversation_id=ids[1]))["type"] == "ack"
+        assert (await c.request(type="subscribe", conversation_id=ids[0], after_seq=0))["type"] == "ack"
+        error = await c.request(type="subscribe", id="s3", conversation_id=ids[2])
+        assert error["code"] == "overloaded" and error["id"] == "s3"
+        await c.request(type="unsubscribe", conversation_id=ids[0])
+        assert (await c.request(type="subscribe", conversation_id=ids[2]))["type"] == "ack"
+
+
+async def test_max_connections_closes_with_1013() -> None:
+    async with running(max_connections=1) as h, h.client() as first:
+        async with h.client() as second:
+            assert await closed_code(second) == CloseCode.TRY_AGAIN_LATER
+        assert (await first.request(type="ping"))["type"] == "pong"
+
+
+async def test_a_slow_consumer_is_paused_and_resumes_without_loss_while_a_fast_one_gets_everything() -> None:
+    async with running(send_queue_frames=20) as h, h.client() as fast:
+        cid = await fast.open()
+        await fast.request(type="subscribe", conversation_id=cid)
+        # A client whose kernel receive buffer is tiny and whose transport stops reading.
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, (h.host, h.port))
+        before = set(h.server.sessions)
+        async with connect(h.url, subprotocols=PROTO, sock=sock, max_queue=4) as ws:
+            slow = Client(ws)
+            await slow.open(conversation_id=cid)
+            await slow.request(type="subscribe", conversation_id=cid)
+            (slow_session,) = set(h.server.sessions) - before
+            ws.transport.pause_reading()
+
+            last = 0
+            while slow_session.subs[cid].active:  # the overflow is the condition, not the time
+                last = await h.backend.emit(cid, 10, pad=16 * 1024)
+                await fast.events_until(cid, last)
+                assert last < 20_000, "the slow client never overflowed"
+            last = await h.backend.emit(cid, 30, pad=16)  # the rest, after the pause
+
+            # The fast client got everything, in order, and was never paused.
+            assert [e["seq"] for e in await fast.events_until(cid, last)] == list(range(1, last + 1))
+            assert fast.unsolicited == []
+
+            # The slow one reads on: a contiguous prefix, then slow_consumer naming its end.
+            ws.transport.resume_reading()
+            error = await slow.reply(None)
+            assert error["code"] == ErrorCode.SLOW_CONSUMER and error["conversation_id"] == cid
+            got = [e["seq"] for e in slow.events]
+            assert got == list(range(1, error["last_seq"] + 1))
+            assert error["last_seq"] < last
+
+            # Re-subscribing from last_seq gets exactly the rest.
+            slow.events.clear()
+            await slow.request(type="subscribe", conversation_id=cid, after_seq=error["last_seq"])
+            rest = await slow.events_until(cid, last)
+            assert [e["seq"] for e in rest] == list(range(error["last_seq"] + 1, last + 1))
+            await slow.request(type="ping")
+            assert [e["seq"] for e in slow.events] == list(range(error["last_seq"] + 1, last + 1))
+
+
+async def test_a_pipelining_client_is_not_mistaken_for_a_slow_one() -> None:
+    async with running(send_queue_frames=5, max_conversations_per_connection=1, rate_burst=1000) as h, h.client() as c:
+        for i in range(300):  # sent back to back: the server reads them from one buffer
+            await c.ws.send(json.dumps({"type": "ping", "id": f"p{i}"}))
+        for i in range(300):
+            assert await c.recv() == {"type": "pong", "id": f"p{i}"}
+
+
+# -- drain ---------------------------------------------------------------------------------------
+
+
+async def test_drain_flushes_and_closes_clients_with_1012_and_stops_the_backend() -> None:
+    async with running() as h, h.client() as c:
+        cid = await c.open()
+        await c.request(type="subscribe", conversation_id=cid)
+        last = await h.backend.emit(cid, 5)
+        await c.events_until(cid, last)
+        assert (await http_get(h.host, h.port, "/readyz"))[0] == 200
+        drain = asyncio.create_task(h.server.drain())
+        assert await closed_code(c) == CloseCode.SERVICE_RESTART
+        await asyncio.wait_for(drain, TIMEOUT)
+        assert h.backend.stopped
+        assert not h.server.ready
+        await asyncio.wait_for(h.server.serve_forever(), TIMEOUT)  # returns once drained
+        with pytest.raises(OSError):
+            async with h.client():
+                pass
+
+
+# -- HTTP on the same port -----------------------------------------------------------------------
+
+
+async def test_healthz_readyz_metrics_and_index() -> None:
+    async with running() as h:
+        async with h.client() as c:
+            await c.request(type="ping")
+            await c.ws.send("junk")
+            await c.reply(None)
+        status, _, body = await http_get(h.host, h.port, "/healthz")
+        assert (status, body) == (200, b"ok\n")
+        status, _, _ = await http_get(h.host, h.port, "/readyz")
+        assert status == 200
+        status, headers, body = await http_get(h.host, h.port, "/metrics")
+        assert status == 200 and headers["content-type"].startswith("text/plain")
+        text = body.decode()
+        assert 'reactgate_frames_in_total{type="ping"} 1.0' in text
+        assert 'reactgate_errors_total{code="bad_request"} 1.0' in text
+        assert "reactgate_connections " in text and "reactgate_send_queue_depth " in text
+        assert "reactgate_delivery_latency_seconds_bucket" in text
+        status, headers, body = await http_get(h.host, h.port, "/")
+        assert status == 200 and headers["content-type"].startswith("text/html") and b"reactgate" in body
+        assert (await http_get(h.host, h.port, "/nope"))[0] == 404
+        assert (await http_get(h.host, h.port, "/static/../server.py"))[0] == 404
+
+
+async def test_other_paths_and_subprotocols_are_refused_at_the_handshake() -> None:
+    async with running() as h:
+        with pytest.raises(InvalidStatus) as info:
+            async with connect(f"ws://{h.host}:{h.port}/other", subprotocols=PROTO):
+                pass
+        assert info.value.response.status_code == 404
+        with pytest.raises(InvalidStatus) as info:
+            async with connect(h.url):
+                pass
+        assert info.value.response.status_code == 400 and b"missing subprotocol" in info.value.response.body
+        with pytest.raises(InvalidStatus) as info:
+            async with connect(h.url, subprotocols=["reactgate.v0"]):  # type: ignore[list-item]
+                pass
+        assert info.value.response.status_code == 400 and b"reactgate.v1" in info.value.response.body
+
+
+async def test_error_frames_are_json_objects_with_code_and_message() -> None:
+    async with running() as h, h.client() as c:
+        await c.ws.send("{")
+        raw = await asyncio.wait_for(c.ws.recv(), TIMEOUT)
+        assert isinstance(raw, str)
+        assert set(json.loads(raw)) == {"type", "code", "message"}
