@@ -31,6 +31,7 @@ from actors.ray_actors import (
     TOOL_POOL_NAME,
     ClusterConfig,
     Directory,
+    NoLiveHost,
     ToolPool,
     WrongHost,
     get_or_create,
@@ -122,9 +123,9 @@ class RayBackend:
 
     async def _wait_for_hosts(self, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
-        while len(await self._directory.hosts.remote()) < 1:
+        while len(await self._directory.hosts.remote()) < self.host_count:
             if time.monotonic() > deadline:
-                raise RuntimeError("no ConversationHost registered with the Directory")
+                raise RuntimeError(f"fewer than {self.host_count} ConversationHosts registered in {timeout_s} s")
             await asyncio.sleep(0.1)
 
     async def stop(self) -> None:
@@ -183,13 +184,27 @@ class RayBackend:
             if self.placement == "dedicated":
                 name = await self._directory.ensure_dedicated.remote(conversation_id, self.config)
             else:
-                name = await self._directory.place.remote(conversation_id)
+                name = await self._place(conversation_id)
             self._routes[conversation_id] = name
         link = self._links.get(name)
         if link is None:
             handle = ray.get_actor(name, namespace=NAMESPACE)
             link = self._links[name] = _HostLink(self, name, handle)
         return name, link.handle
+
+    async def _place(self, conversation_id: str, timeout_s: float = 60.0) -> str:
+        """The Directory's choice; while no host is live (one died, its replacement is starting) wait."""
+        deadline = time.monotonic() + timeout_s
+        delay = 0.05
+        while True:
+            try:
+                return str(await self._directory.place.remote(conversation_id))
+            except NoLiveHost:
+                if time.monotonic() > deadline:
+                    raise
+                await self._directory.ensure_hosts.remote(self.host_count, self.config)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
 
     async def _call(self, conversation_id: str, method: str, *args: Any) -> Any:
         last: BaseException | None = None
@@ -217,7 +232,8 @@ class RayBackend:
             except WrongHost as exc:
                 self._routes[conversation_id] = exc.holder
                 continue
-            except (RayActorError, RayTaskError):
+            except (RayActorError, RayTaskError) as exc:
+                log.warning("watch of %s on %s failed: %r", conversation_id, name, exc)
                 link = self._links.get(name)
                 if link is not None:
                     await self._host_failed(link)
@@ -240,7 +256,8 @@ class RayBackend:
         """Report the death, forget the routes through it, and re-watch what we watched there."""
         if self._links.get(link.name) is link:
             del self._links[link.name]
-            link.task.cancel()
+            if link.task is not asyncio.current_task():  # the pump itself reports its host's death
+                link.task.cancel()
         if link.incarnation is not None:
             with contextlib.suppress(Exception):
                 await self._directory.host_failed.remote(link.name, link.incarnation)

@@ -1,0 +1,183 @@
+"""The scripted model as a LiteLLM custom provider: `scripted/<name>` plays script <name> (SPEC §7).
+
+Tests and demos go through the real LiteLLM streaming path (`acompletion(stream=True)` →
+`CustomStreamWrapper`), so what they exercise is what a real provider exercises.
+
+The provider keeps no call counter of its own: the caller sends the conversation id and the
+call index (`X-Reactgate-*` headers, see `scripts.py`) because the conversation owns the durable
+counter and may resume in another process after a crash. A per-process counter is only the
+fallback for callers that send no index.
+
+Importing this module imports litellm (after `actors/llm/__init__.py`, which Python runs first,
+pinned the local cost map).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+import litellm
+from litellm.llms.custom_llm import CustomLLM
+from litellm.types.utils import GenericStreamingChunk, ModelResponse
+
+from actors.llm.scripts import (
+    ERROR_TABLE,
+    PROVIDER,
+    CallCounter,
+    ErrorKind,
+    Round,
+    ScriptExhausted,
+    UnknownScript,
+    get_script,
+    playback_position,
+)
+
+
+def provider_exception(kind: ErrorKind, model: str, message: str) -> Exception:
+    """The LiteLLM exception a real provider would raise for `kind` (one table: ERROR_TABLE)."""
+    cls = getattr(litellm.exceptions, ERROR_TABLE[kind][1])
+    return cls(message=message, model=model, llm_provider=PROVIDER)  # type: ignore[no-any-return]
+
+
+def _chunk(text: str, finish_reason: str | None = None) -> GenericStreamingChunk:
+    return {
+        "text": text,
+        "is_finished": finish_reason is not None,
+        "finish_reason": finish_reason or "",
+        "usage": None,
+        "index": 0,
+        "tool_use": None,
+    }
+
+
+def _read_timeout(timeout: Any) -> float | None:
+    """The per-read timeout a real HTTP provider would apply, from LiteLLM's `timeout` argument."""
+    if isinstance(timeout, int | float):
+        return float(timeout)
+    read = getattr(timeout, "read", None)  # httpx.Timeout
+    return float(read) if isinstance(read, int | float) else None
+
+
+class ScriptedLLM(CustomLLM):
+    def __init__(self) -> None:
+        super().__init__()
+        self._fallback_counter = CallCounter()
+        # Generations currently running. Not playback state: it lets tests (and operators) see that
+        # closing a stream early really stopped the provider's generator.
+        self.open_streams = 0
+
+    def resolve(self, model: str, headers: Mapping[str, str] | None) -> Round:
+        conversation, index = playback_position(headers)
+        if index is None:
+            index = self._fallback_counter.next(conversation or "")
+        try:
+            return get_script(model).round_for(index, model)
+        except UnknownScript as exc:
+            raise provider_exception(ErrorKind.NOT_FOUND, model, str(exc)) from None
+        except ScriptExhausted as exc:
+            raise provider_exception(ErrorKind.BAD_REQUEST, model, str(exc)) from None
+
+    async def astreaming(  # type: ignore[override, misc]
+        self,
+        model: str,
+        messages: list[Any],
+        api_base: str,
+        custom_prompt_dict: dict[str, Any],
+        model_response: ModelResponse,
+        print_verbose: Callable[..., Any],
+        encoding: Any,
+        api_key: Any,
+        logging_obj: Any,
+        optional_params: dict[str, Any],
+        acompletion: Any = None,
+        litellm_params: Any = None,
+        logger_fn: Any = None,
+        headers: dict[str, str] | None = None,
+        timeout: Any = None,
+        client: Any = None,
+    ) -> AsyncIterator[GenericStreamingChunk]:
+        # An async generator: nothing runs until LiteLLM asks for the first chunk, so an `error`
+        # round raises before any chunk, as a failing provider does.
+        round_ = self.resolve(model, headers)
+        read_timeout = _read_timeout(timeout)
+        delay = round_.delay_s
+        if read_timeout is not None and delay > read_timeout:
+            await asyncio.sleep(read_timeout)
+            raise provider_exception(ErrorKind.TIMEOUT, model, f"no chunk within {read_timeout:g} s")
+        self.open_streams += 1
+        try:
+            for text in round_.chunks:
+                if delay:
+                    await asyncio.sleep(delay)
+                yield _chunk(text)
+            if round_.error is not None:
+                if delay and not round_.chunks:
+                    await asyncio.sleep(delay)
+                raise provider_exception(round_.error, model, f"scripted {round_.error.value}")
+            yield _chunk("", round_.finish_reason)
+        finally:
+            self.open_streams -= 1
+
+    async def acompletion(
+        self,
+        model: str,
+        messages: list[Any],
+        api_base: str,
+        custom_prompt_dict: dict[str, Any],
+        model_response: ModelResponse,
+        print_verbose: Callable[..., Any],
+        encoding: Any,
+        api_key: Any,
+        logging_obj: Any,
+        optional_params: dict[str, Any],
+        acompletion: Any = None,
+        litellm_params: Any = None,
+        logger_fn: Any = None,
+        headers: dict[str, str] | None = None,
+        timeout: Any = None,
+        client: Any = None,
+    ) -> ModelResponse:
+        round_ = self.resolve(model, headers)
+        if round_.delay_ms:
+            await asyncio.sleep(round_.delay_s * max(1, len(round_.chunks)))
+        if round_.error is not None:
+            raise provider_exception(round_.error, model, f"scripted {round_.error.value}")
+        model_response.choices[0].message.content = "".join(round_.chunks)
+        model_response.choices[0].finish_reason = round_.finish_reason
+        model_response.created = int(time.time())
+        model_response.model = model
+        return model_response
+
+
+_provider: ScriptedLLM | None = None
+
+
+def ensure_registered() -> ScriptedLLM:
+    """Register provider `scripted` in `litellm.custom_provider_map` (idempotent; cheap to repeat).
+
+    Returns the process's provider instance."""
+    global _provider
+    for entry in litellm.custom_provider_map:
+        handler = entry.get("custom_handler")
+        if entry.get("provider") == PROVIDER and isinstance(handler, ScriptedLLM):
+            _provider = handler
+            break
+    else:
+        _provider = _provider or ScriptedLLM()
+        litellm.custom_provider_map = [
+            *(e for e in litellm.custom_provider_map if e.get("provider") != PROVIDER),
+            {"provider": PROVIDER, "custom_handler": _provider},
+        ]
+    if PROVIDER not in litellm._custom_providers or PROVIDER not in litellm.provider_list:
+        from litellm.utils import custom_llm_setup
+
+        custom_llm_setup()  # type: ignore[no-untyped-call]
+    return _provider
+
+
+def provider() -> ScriptedLLM:
+    """The process's scripted provider (registered with LiteLLM)."""
+    return ensure_registered()

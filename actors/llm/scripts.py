@@ -1,0 +1,251 @@
+"""The scripted model's script (SPEC §7): what the model answers to the i-th call of a conversation.
+
+A script is data, validated once when loaded; both players — the LiteLLM custom provider
+(`scripted.py`) and the OpenAI-compatible mock endpoint (`mock_server.py`) — read the same
+`Round.chunks`, so the two paths cannot stream different deltas for the same script.
+
+Playback is stateless: the caller says which call of the conversation this is (the conversation
+keeps the durable counter, so a conversation that moved to another process after a crash goes on
+where it was). The call index travels as two HTTP-style headers, harmless for real providers.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import OrderedDict
+from collections.abc import Mapping
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    PositiveInt,
+    PrivateAttr,
+    ValidationError,
+    model_validator,
+)
+
+PROVIDER = "scripted"                      # LiteLLM model strings `scripted/<name>`
+CONVERSATION_HEADER = "X-Reactgate-Conversation"
+CALL_INDEX_HEADER = "X-Reactgate-Call-Index"
+DEFAULT_CHUNK_CHARS = 4
+SCRIPT_EXHAUSTED = "script_exhausted"      # provider-error kind (and message prefix) of a used-up script
+BUILTIN_DIR = Path(__file__).resolve().parent.parent / "builtin"
+BUILTIN_SCRIPTS: Mapping[str, str] = {"demo": "demo_script.json"}
+
+FinishReason = Literal["stop", "length", "content_filter"]
+
+
+class ErrorKind(StrEnum):
+    RATE_LIMIT = "rate_limit"
+    TIMEOUT = "timeout"
+    SERVER_ERROR = "server_error"
+    UNAVAILABLE = "unavailable"
+    BAD_REQUEST = "bad_request"
+    AUTH = "auth"
+    NOT_FOUND = "not_found"
+
+
+# One table for both players: the LiteLLM exception the custom provider raises, and the HTTP
+# status the mock endpoint answers with — chosen so LiteLLM's `openai/` provider maps the status
+# back to the same exception class. `stream.error_kind` classifies with the same table.
+ERROR_TABLE: Mapping[ErrorKind, tuple[int, str]] = {
+    ErrorKind.RATE_LIMIT: (429, "RateLimitError"),
+    ErrorKind.TIMEOUT: (408, "Timeout"),
+    ErrorKind.SERVER_ERROR: (500, "InternalServerError"),
+    ErrorKind.UNAVAILABLE: (503, "ServiceUnavailableError"),
+    ErrorKind.BAD_REQUEST: (400, "BadRequestError"),
+    ErrorKind.AUTH: (401, "AuthenticationError"),
+    ErrorKind.NOT_FOUND: (404, "NotFoundError"),
+}
+
+
+class ScriptError(ValueError):
+    """A script file that does not match SPEC §7; the message names the file and the field."""
+
+
+class ScriptExhausted(LookupError):
+    """A non-loop script has no round for this call. Players turn it into a provider error."""
+
+    def __init__(self, name: str, call_index: int, rounds: int) -> None:
+        super().__init__(
+            f"{SCRIPT_EXHAUSTED}: script {name!r} has {rounds} round(s), no round for call {call_index}"
+        )
+        self.call_index = call_index
+
+
+class UnknownScript(LookupError):
+    pass
+
+
+class Round(BaseModel):
+    """One model call's answer: deltas as given, or text cut into `chunk_chars` pieces, or an error.
+
+    `error` together with `deltas`/`text` streams the content first and then fails — a
+    mid-stream provider error (SPEC §4.8); `error` alone fails before any chunk (after `delay_ms`,
+    so a slow failure can be scripted too).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    deltas: tuple[str, ...] | None = None
+    text: str | None = None
+    chunk_chars: PositiveInt | None = None
+    error: ErrorKind | None = None
+    finish_reason: FinishReason = "stop"
+    delay_ms: NonNegativeFloat = 0
+
+    _chunks: tuple[str, ...] = PrivateAttr(default=())
+
+    @model_validator(mode="after")
+    def _one_content(self) -> Round:
+        if self.deltas is not None and self.text is not None:
+            raise ValueError("a round has either `deltas` or `text`, not both")
+        if self.deltas is None and self.text is None and self.error is None:
+            raise ValueError("a round needs `deltas`, `text` or `error`")
+        if self.chunk_chars is not None and self.text is None:
+            raise ValueError("`chunk_chars` applies only to `text`")
+        return self
+
+    def model_post_init(self, context: Any, /) -> None:
+        if self.deltas is not None:
+            self._chunks = self.deltas
+        elif self.text is not None:
+            n = self.chunk_chars or DEFAULT_CHUNK_CHARS
+            self._chunks = tuple(self.text[i : i + n] for i in range(0, len(self.text), n))
+
+    @property
+    def chunks(self) -> tuple[str, ...]:
+        """The deltas this round streams, in order (empty for an error-only round)."""
+        return self._chunks
+
+    @property
+    def delay_s(self) -> float:
+        return self.delay_ms / 1000.0
+
+
+class Script(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rounds: tuple[Round, ...] = Field(min_length=1)
+    loop: bool = False
+
+    def round_for(self, call_index: int, name: str = "?") -> Round:
+        """The round answering call `call_index` (0-based) of a conversation."""
+        if call_index < 0:
+            raise ValueError(f"call index must be ≥ 0, got {call_index}")
+        if call_index < len(self.rounds):
+            return self.rounds[call_index]
+        if self.loop:
+            return self.rounds[call_index % len(self.rounds)]
+        raise ScriptExhausted(name, call_index, len(self.rounds))
+
+
+def _describe(source: str, exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        lines.append(f"{source}: {where}: {err['msg']}")
+    return "\n".join(lines)
+
+
+def parse_script(data: str | bytes | Mapping[str, Any], source: str = "<script>") -> Script:
+    try:
+        if isinstance(data, Mapping):
+            return Script.model_validate(data)
+        return Script.model_validate_json(data)
+    except ValidationError as exc:
+        raise ScriptError(_describe(source, exc)) from None
+
+
+def load_script(path: str | Path) -> Script:
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise ScriptError(f"{p}: cannot read script: {exc.strerror or exc}") from None
+    try:
+        json.loads(raw)
+    except ValueError as exc:
+        raise ScriptError(f"{p.name}: not valid JSON: {exc}") from None
+    return parse_script(raw, source=p.name)
+
+
+# -- registry: model string `scripted/<name>` plays the script registered as <name> -------------
+
+_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
+_registry: dict[str, Script] = {}
+
+
+def script_model(name: str) -> str:
+    return f"{PROVIDER}/{name}"
+
+
+def register_script(name: str, script: Script | str | Path) -> str:
+    """Register a script (or a script file) under `name`; returns the model string playing it.
+
+    The registry is per process: every process that plays `scripted/<name>` must register it
+    (built-in scripts such as `demo` resolve by themselves).
+    """
+    if not _NAME.fullmatch(name):
+        raise ValueError(f"script name must match {_NAME.pattern}, got {name!r}")
+    _registry[name] = script if isinstance(script, Script) else load_script(script)
+    return script_model(name)
+
+
+def unregister_script(name: str) -> None:
+    _registry.pop(name, None)
+
+
+def get_script(name: str) -> Script:
+    script = _registry.get(name)
+    if script is not None:
+        return script
+    builtin = BUILTIN_SCRIPTS.get(name)
+    if builtin is None:
+        raise UnknownScript(f"no script registered as {name!r} (model {script_model(name)!r})")
+    script = _registry[name] = load_script(BUILTIN_DIR / builtin)
+    return script
+
+
+# -- playback position -----------------------------------------------------------------------
+
+_CONVERSATION_KEY = CONVERSATION_HEADER.lower()
+_CALL_INDEX_KEY = CALL_INDEX_HEADER.lower()
+
+
+def playback_position(headers: Mapping[str, str] | None) -> tuple[str | None, int | None]:
+    """(conversation id, call index) from request headers, case-insensitively; None when absent."""
+    conversation: str | None = None
+    index: int | None = None
+    for key, value in (headers or {}).items():
+        lk = key.lower()
+        if lk == _CONVERSATION_KEY:
+            conversation = str(value)
+        elif lk == _CALL_INDEX_KEY:
+            try:
+                index = int(value)
+            except (TypeError, ValueError):
+                index = None
+    return conversation, index
+
+
+class CallCounter:
+    """Fallback playback position for callers that do not send a call index (plain LiteLLM use,
+    curl against the mock endpoint). Bounded, in memory: not durable, by design."""
+
+    def __init__(self, max_conversations: int = 100_000) -> None:
+        self._next: OrderedDict[str, int] = OrderedDict()
+        self._max = max_conversations
+
+    def next(self, conversation_id: str) -> int:
+        index = self._next.pop(conversation_id, 0)
+        self._next[conversation_id] = index + 1
+        if len(self._next) > self._max:
+            self._next.popitem(last=False)
+        return index

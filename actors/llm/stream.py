@@ -1,0 +1,217 @@
+"""The single entry for every model call: ordered models, provider fallback, raw deltas out.
+
+`stream_model` is the async iterator of model deltas the round engine consumes (SPEC §1): it
+yields `ModelDelta`s as LiteLLM streams them, a `ModelFallback` when a provider fails before its
+first delta and the next model takes over (SPEC §4.8), and a final `ModelFinished`. An error
+after the first delta is raised, never fallen back from: the user may already have seen part of
+the answer, and salvage is the round's decision, made from its gates' counters.
+
+Every attempt — first model, fallbacks — takes a fresh call index from the conversation
+(`next_call_index`), so the scripted model's "round i answers the i-th call" holds across
+retries, continuations and fallbacks, and across processes.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import AsyncGenerator, Callable, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from actors.llm.scripts import CALL_INDEX_HEADER, CONVERSATION_HEADER, ERROR_TABLE, SCRIPT_EXHAUSTED
+
+
+@dataclass(frozen=True, slots=True)
+class ModelDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFallback:
+    from_model: str
+    to_model: str
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFinished:
+    finish_reason: str | None
+    model: str
+
+
+StreamItem = ModelDelta | ModelFallback | ModelFinished
+
+
+class ProviderError(Exception):
+    """A model call failed: every model failed before its first delta, or one failed mid-stream."""
+
+    def __init__(self, kind: str, model: str, message: str, *, after_first_delta: bool) -> None:
+        super().__init__(f"{model}: {kind}: {message}")
+        self.kind = kind
+        self.model = model
+        self.message = message
+        self.after_first_delta = after_first_delta
+
+
+# -- the lean LiteLLM configuration --------------------------------------------------------------
+#
+# Measured with bench/litellm_baseline.py (CustomLLM → acompletion(stream=True), process CPU time,
+# shared 2-core machine under load, so ±15 %). Per-chunk work in LiteLLM's async stream wrapper
+# (`chunk_creator`: a pydantic ModelResponseStream per chunk, ~100 µs) has no switch. What we cut:
+#
+# - stop at the finish chunk and `aclose()` (done in `stream_model`, not a setting): draining the
+#   wrapper to its end makes LiteLLM rebuild the whole response from every chunk in a worker thread
+#   (`stream_chunk_builder`: re-counts prompt and completion tokens, prices the call) and schedule
+#   success callbacks; nothing we read comes from it. Saves ~25-35 % per chunk on 5,000-chunk
+#   calls (CPU 145-185 → 108-128 µs/chunk) and ~50 % on 50-chunk calls (≈19 → ≈9.5 ms CPU per call).
+# - `suppress_debug_info`: LiteLLM prints a "Give Feedback / Get Help" banner to stdout on every
+#   mapped provider exception — every fallback and scripted error. Per error, not per chunk.
+# - `turn_off_message_logging`: any logging callback an operator configures gets payloads with the
+#   messages redacted: prompts stay out of logs. No measurable cost either way.
+# - `disable_streaming_logging`: no per-chunk success-logging job on LiteLLM's sync path (we are
+#   async: no measurable effect; set so a sync caller does not pay it either).
+# - `REPEATED_STREAMING_CHUNK_LIMIT`: LiteLLM raises "The model is repeating the same chunk" after
+#   100 identical consecutive chunks (> 2 chars). Identical chunks are legitimate (scripted load
+#   tests, a ruler of dashes); a runaway model is bounded by max_tokens and our iteration limits.
+# Not set, on purpose: `disable_token_counter` — it makes `litellm.token_counter` return 0, and
+# context assembly (SPEC §4.11) counts tokens with it. LiteLLM registers no callbacks by default.
+LEAN_SETTINGS: dict[str, object] = {
+    "suppress_debug_info": True,
+    "turn_off_message_logging": True,
+    "disable_streaming_logging": True,
+    "REPEATED_STREAMING_CHUNK_LIMIT": sys.maxsize,
+}
+
+_litellm: ModuleType | None = None
+
+
+def litellm_module() -> ModuleType:
+    """LiteLLM, imported once per process, configured lean, with the scripted provider registered."""
+    global _litellm
+    if _litellm is None:
+        import litellm
+
+        from actors.llm.scripted import ensure_registered
+
+        for key, value in LEAN_SETTINGS.items():
+            setattr(litellm, key, value)
+        ensure_registered()
+        _litellm = litellm
+    return _litellm
+
+
+# -- provider errors → kinds -----------------------------------------------------------------
+
+
+def error_kind(exc: BaseException) -> str:
+    """The provider-error kind of a LiteLLM exception, from the same table the scripted players use."""
+    litellm_module()
+    from litellm import exceptions as lx
+
+    original = getattr(exc, "original_exception", None)
+    if isinstance(exc, lx.MidStreamFallbackError) and isinstance(original, BaseException):
+        exc = original
+    if SCRIPT_EXHAUSTED in str(exc):
+        return SCRIPT_EXHAUSTED
+    # Most specific first: several LiteLLM classes subclass BadRequestError / APIConnectionError.
+    if isinstance(exc, lx.ContextWindowExceededError):
+        return "context_window_exceeded"
+    if isinstance(exc, lx.ContentPolicyViolationError):
+        return "content_policy"
+    for kind, (_, cls_name) in ERROR_TABLE.items():
+        if isinstance(exc, getattr(lx, cls_name)):
+            return kind.value
+    if isinstance(exc, lx.PermissionDeniedError):
+        return "auth"
+    if isinstance(exc, lx.APIConnectionError):
+        return "connection"
+    if isinstance(exc, lx.APIError | lx.BadGatewayError):
+        return "server_error"
+    return "unknown"
+
+
+# LiteLLM stacks class-name prefixes: "litellm.RateLimitError: RateLimitError: OpenAIException - …".
+_PREFIX = re.compile(r"^(?:litellm\.)?[A-Z]\w*(?: Error)?(?::| -)\s+")
+
+
+def _message(exc: BaseException) -> str:
+    original = getattr(exc, "original_exception", None)
+    if isinstance(original, BaseException):
+        exc = original
+    text = str(getattr(exc, "message", None) or exc)
+    while (m := _PREFIX.match(text)) is not None:
+        text = text[m.end() :]
+    return (text or type(exc).__name__)[:500]
+
+
+# -- the call ------------------------------------------------------------------------------------
+
+
+async def stream_model(
+    models: Sequence[str],
+    messages: list[dict[str, Any]],
+    *,
+    conversation_id: str,
+    next_call_index: Callable[[], int],
+    api_base: str | None = None,
+    api_key: str | None = None,
+    max_tokens: int | None = None,
+    timeout_s: float | None = None,
+) -> AsyncGenerator[StreamItem, None]:
+    """Stream one model answer, falling back along `models` while nothing has been delivered.
+
+    Close it early (`aclose()`, or leave an `async with contextlib.aclosing(...)` block) to abort a
+    generation: the LiteLLM stream and the provider's generator are closed with it.
+    """
+    if not models:
+        raise ValueError("stream_model needs at least one model")
+    litellm = litellm_module()
+    for position, model in enumerate(models):
+        kwargs: dict[str, Any] = {
+            # The conversation and its durable call counter travel as headers: the scripted provider
+            # and the mock endpoint play from them; real providers ignore unknown headers.
+            "extra_headers": {CONVERSATION_HEADER: conversation_id, CALL_INDEX_HEADER: str(next_call_index())},
+            # No hidden retries: each one would be a model call the conversation did not count.
+            "max_retries": 0,
+            "num_retries": 0,
+        }
+        if api_base is not None:
+            kwargs["api_base"] = api_base
+        if api_key is not None:
+            kwargs["api_key"] = api_key
+        if max_tokens is not None:
+            kwargs["max_tokens"] = max_tokens
+        if timeout_s is not None:
+            kwargs["timeout"] = timeout_s
+
+        delivered = False
+        finish_reason: str | None = None
+        stream: Any = None
+        try:
+            stream = await litellm.acompletion(model=model, messages=messages, stream=True, **kwargs)
+            async for chunk in stream:
+                choices = chunk.choices
+                if not choices:
+                    continue
+                choice = choices[0]
+                text = choice.delta.content
+                if text:
+                    delivered = True
+                    yield ModelDelta(text)
+                if choice.finish_reason is not None:
+                    finish_reason = choice.finish_reason
+                    break  # see LEAN_SETTINGS: do not drain into LiteLLM's end-of-stream rebuild
+        except Exception as exc:
+            error = ProviderError(error_kind(exc), model, _message(exc), after_first_delta=delivered)
+            if delivered or position + 1 == len(models):
+                raise error from exc
+            described = error.message if error.message.startswith(error.kind) else f"{error.kind}: {error.message}"
+            yield ModelFallback(model, models[position + 1], described)
+            continue
+        finally:
+            if stream is not None:
+                await stream.aclose()
+        yield ModelFinished(finish_reason, model)
+        return
