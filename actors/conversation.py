@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -108,7 +108,7 @@ class Conversation:
         self._turn: Turn | None = None
         self._runner: asyncio.Task[None] | None = None
         self._cancel_turn = False
-        self.on_checkpoint: Callable[[], None] | None = None
+        self.on_checkpoint: Callable[[], Awaitable[None] | None] | None = None
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -168,11 +168,13 @@ class Conversation:
                 await self._runner
         await self.events.close()
 
-    def checkpoint(self) -> None:
-        """A consistent point (turn start, round end, tools observed, turn end): the host saves it."""
+    def checkpoint(self) -> Awaitable[None] | None:
+        """A consistent point (turn start, round end, tools observed, turn end): the host saves it.
+        Returns what to await for the save to be durable (None when nothing saves)."""
         self.state.current = self._turn.progress() if self._turn is not None else None
         if self.on_checkpoint is not None:
-            self.on_checkpoint()
+            return self.on_checkpoint()
+        return None
 
     def snapshot(self) -> bytes:
         export = getattr(self.tools, "export_conversation", None)

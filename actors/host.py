@@ -19,6 +19,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from actors.conversation import Conversation, ConversationState, Runtime
 from actors.eventlog import EventLog
 from actors.hosting import Answer, Cancel, Command, SetMode, Steer, UserMessage
@@ -189,9 +191,10 @@ class HostCore:
         events.subscribe(lambda batch: self._publish(conversation_id, batch))
         conv.on_checkpoint = lambda: self._checkpoint(active)
         after = snapshot[0] if snapshot is not None else 0
-        if last_seq > after:  # a crash cut a turn after the last checkpoint (SPEC §5 Faults)
-            tail = await self.store.read_events(conversation_id, after, limit=last_seq - after)
-            await recover(conv, tail, self.store)
+        # A crash may have cut a turn after its last checkpoint (SPEC §5 Faults): apply the log's
+        # tail, then resume whatever was running or queued.
+        tail = await self.store.read_events(conversation_id, after, limit=last_seq - after) if last_seq > after else []
+        await recover(conv, tail, self.store)
         return active
 
     def _publish(self, conversation_id: str, batch: Sequence[Event]) -> None:
@@ -203,12 +206,15 @@ class HostCore:
 
     # -- checkpoints --------------------------------------------------------------------------------
 
-    def _checkpoint(self, active: _Active) -> None:
-        """Capture state and seq at one synchronous moment; save once that seq is durable."""
+    def _checkpoint(self, active: _Active) -> asyncio.Future[None]:
+        """Capture state and seq at one synchronous moment; save once that seq is durable.
+        Returns a future that resolves when this checkpoint (or a later one) is saved."""
         conv = active.conversation
+        active.last_activity = self.clock()
         active.pending_snapshot = (conv.events.last_seq, conv.snapshot())
         if active.saving is None or active.saving.done():
             active.saving = asyncio.get_running_loop().create_task(self._save_pending(active))
+        return asyncio.shield(active.saving)
 
     async def _save_pending(self, active: _Active) -> None:
         conv = active.conversation
@@ -220,9 +226,7 @@ class HostCore:
             await self.store.save_snapshot(conv.conversation_id, seq, data)
 
     async def _save_now(self, active: _Active) -> None:
-        self._checkpoint(active)
-        if active.saving is not None:
-            await asyncio.shield(active.saving)
+        await self._checkpoint(active)
 
     # -- passivation --------------------------------------------------------------------------------
 
@@ -256,6 +260,13 @@ class HostCore:
                         await self.passivate(cid)
                     except Exception:
                         log.exception("passivation failed for %s", cid)
+
+    async def inspect(self, conversation_id: str) -> dict[str, Any]:
+        """The conversation's state as plain data (activates it): for operators and tests."""
+        active = await self._ensure_active(conversation_id)
+        conv = active.conversation
+        conv.snapshot()  # refresh the tool executor's part
+        return {"state": msgspec.to_builtins(conv.state), "last_seq": conv.events.last_seq, "busy": conv.busy}
 
     def describe(self) -> dict[str, Any]:
         return {"active": len(self._active), "listeners": sum(len(v) for v in self._listeners.values())}

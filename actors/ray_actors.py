@@ -251,6 +251,10 @@ class ConversationHost:
         core = await self._ready()
         return bool(await core.passivate(conversation_id))
 
+    async def inspect(self, conversation_id: str) -> dict[str, Any]:
+        core = await self._ready()
+        return dict(await core.inspect(conversation_id))
+
     async def stats(self) -> dict[str, Any]:
         core = await self._ready()
         return {"name": self.name, "pid": os.getpid(), **core.describe(), "active_ids": core.active_ids}

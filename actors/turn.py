@@ -139,6 +139,7 @@ class Turn:
         self._steer_text: str | None = None
         self._inner: asyncio.Task[Any] | None = None
         self._events: list[dict[str, Any]] = []  # this turn's events, for trace evidence
+        self._unobserved: dict[str, ToolCall] = {}  # announced calls still owed an observation (§4.2)
         self.pending: list[PendingCall] = []
         self.cancelled_by_user = False
 
@@ -186,6 +187,7 @@ class Turn:
             reason, answer, finish_ok = await self._loop()
         except asyncio.CancelledError:
             if self.cancelled_by_user:  # a host shutting down leaves the turn to its checkpoint
+                self._observe_cancelled()
                 self._complete("cancelled", "", finish_ok=False)
             raise
         except Exception:
@@ -343,6 +345,10 @@ class Turn:
 
     def _finish_engine(self, engine: RoundEngine, cut: Notice | None = None) -> RoundResult:
         events, result = engine.finish(cut=cut)
+        if cut is not None and not engine.raw_text():
+            # Nothing was written: the cut is the whole diagnosis. "A response needs an action
+            # block" would tell the model it wrote something it did not (guarantee 4).
+            result.notices = [cut]
         for event in events:
             self._stream_event(event)
         return result
@@ -354,6 +360,7 @@ class Turn:
             self._emit("answer.delta", {"turn_id": self.turn_id, "round": self.round_no, "text": event.text})
         elif type(event) is ToolCallReady:
             call = event.call
+            self._unobserved[call.call_id] = call
             self._emit("tool.call", {
                 "turn_id": self.turn_id, "round": self.round_no, "call_id": call.call_id,
                 "tool_id": call.tool_id, "params": dict(call.params), "trait": str(event.trait),
@@ -401,7 +408,9 @@ class Turn:
         if record_calls:
             self._record_calls(calls)
         self.pending = [PendingCall(c.call.call_id, c.call.tool_id, dict(c.call.params), c.call.code) for c in calls]
-        conv.checkpoint()  # a crash from here re-submits these calls; durable results are never re-run
+        saved = conv.checkpoint()
+        if saved is not None:  # durable before any tool runs: a crash from here re-submits these calls,
+            await saved        # and the executor answers a call whose result is durable from the store
         regular = [c.call for c in calls if c.call.tool_id != ASK_USER_TOOL]
         asks = [c.call for c in calls if c.call.tool_id == ASK_USER_TOOL]
         pending = list(regular) + list(asks)
@@ -496,6 +505,18 @@ class Turn:
         decl = conv.catalog.get(call.tool_id)
         if obs.ok and decl is not None and decl.transitions_state:
             conv.resolve_state(obs.result or {})
+
+    def _observe_cancelled(self) -> None:
+        """A cancel cut the turn: every announced call still gets its one observation (SPEC §4.2)."""
+        owed = dict(self._unobserved)  # announced while streaming, or being executed (maybe resumed)
+        for p in self.pending:
+            owed.setdefault(p.call_id, ToolCall(p.call_id, p.tool_id, p.params, p.code))
+        recorded = {b.call_id for b in self.conv.state.timeline if isinstance(b, ToolCallBlock)}
+        for call in owed.values():
+            if call.call_id not in recorded:
+                self.conv.record(ToolCallBlock(self.turn_id, self.round_no, call.call_id, call.tool_id,
+                                               dict(call.params), call.code))
+            self._observe(call, Observation(call.call_id, call.tool_id, ok=False, error="cancelled"))
 
     # -- ending ---------------------------------------------------------------------------------------
 

@@ -1,0 +1,416 @@
+"""Hosting: the same scenarios on the local and the Ray backend, then Ray's faults (issue 5).
+
+Ray is real here: one local instance for the module (2 CPUs, no dashboard), shut down at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+import ray
+
+from actors.conversation import Runtime
+from actors.hosting import Answer, Owner, SetMode, UserMessage
+from actors.llm.scripts import register_script
+from actors.llm.stream import stream_model
+from actors.local import LocalBackend
+from actors.profile import AgentProfile, parse_profile
+from actors.ray_actors import NAMESPACE, TOOL_POOL_NAME
+from actors.ray_backend import RayBackend
+from actors.store import store_from_url
+from actors.tools.demo import demo_registry
+from actors.tools.durable import DurableTools
+from actors.tools.executor import LocalToolExecutor
+from gateway.settings import Settings
+from protocol.events import Event
+
+pytestmark = pytest.mark.ray
+OWNER = Owner(tenant="acme", sub="alice")
+TIMEOUT = 90.0
+
+
+def thinking(text: str) -> str:
+    return f"<channel:thinking>{text}</channel:thinking>"
+
+
+def action(obj: dict[str, Any]) -> str:
+    return f"<channel:action>```json\n{json.dumps(obj)}\n```</channel:action>"
+
+
+def call(tool_id: str, **params: Any) -> dict[str, Any]:
+    return {"action": "call_tool", "tool_call": {"tool_id": tool_id, "params": params}}
+
+
+LONG_ANSWER = "It is raining in Paris, 12 degrees. " * 8
+SCRIPTS: dict[str, dict[str, Any]] = {
+    # a tool, then a slowly streaming answer: time to cut it in the middle
+    "weather": {"loop": True, "rounds": [
+        {"text": thinking("Checking.") + action(call("demo.weather", city="Paris"))},
+        {"text": thinking("Answering.") + action({"action": "complete", "final_answer": LONG_ANSWER}),
+         "chunk_chars": 4, "delay_ms": 15},
+    ]},
+    # a write with a visible side effect next to a slow neutral tool: time to cut the tool wait
+    "note": {"loop": True, "rounds": [
+        {"text": thinking("Noting.") + action(call("demo.write_note", text="remember")) +
+         action(call("demo.sleep", seconds=2.5))},
+        {"text": thinking("Done.") + action({"action": "complete", "final_answer": "Noted."})},
+    ]},
+    # an exploration call, then a slow batch the tool pool will die in
+    "pool": {"loop": True, "rounds": [
+        {"text": thinking("Searching.") + action(call("demo.search", query="paris"))},
+        {"text": thinking("Waiting.") + action(call("demo.sleep", seconds=30))},
+        {"text": thinking("Done.") + action({"action": "complete", "final_answer": "Finished anyway."})},
+    ]},
+    "ask": {"loop": True, "rounds": [
+        {"text": thinking("Asking.") + action(call("react.ask_user", question="Which city?", options=["Paris", "Rome"]))},
+        {"text": thinking("Done.") + action({"action": "complete", "final_answer": "Paris it is."})},
+    ]},
+}
+
+
+def _profile(name: str) -> AgentProfile:
+    tools = ["demo.search", "demo.weather", "demo.write_note", "demo.sleep", "react.ask_user"]
+    return parse_profile({
+        "name": name, "model": f"scripted/hosting-{name}", "states": ["default"],
+        "policies": {"flush_interval_ms": 10},
+        "tools": [{"id": t} for t in tools],
+    }, known_tools=demo_registry())
+
+
+PROFILES = {name: _profile(name) for name in SCRIPTS}
+
+
+@pytest.fixture(scope="module")
+def script_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("scripts")
+    files = {}
+    for name, script in SCRIPTS.items():
+        path = root / f"{name}.json"
+        path.write_text(json.dumps(script))
+        files[f"hosting-{name}"] = str(path)
+        register_script(f"hosting-{name}", path)
+    return files
+
+
+@pytest.fixture(scope="module")
+def store_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return f"sqlite:///{tmp_path_factory.mktemp('store') / 'hosting.sqlite3'}"
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Any:
+    ray.init(num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+async def _ray_backend(store_url: str, script_files: dict[str, str]) -> RayBackend:
+    backend = RayBackend(Settings(store=store_url, idle_ttl_s=600), PROFILES, default_agent="weather",
+                         scripts=script_files, hosts=2)
+    await backend.start()
+    return backend
+
+
+@pytest.fixture(params=["local", "ray"])
+async def backend(request: pytest.FixtureRequest, store_url: str, script_files: dict[str, str]) -> AsyncIterator[Any]:
+    if request.param == "ray":
+        request.getfixturevalue("ray_cluster")
+        b: Any = await _ray_backend(store_url, script_files)
+    else:
+        store = store_from_url(store_url.replace("hosting.sqlite3", "hosting-local.sqlite3"))
+        registry = demo_registry()
+        runtime = Runtime(registry=registry, tools=DurableTools(LocalToolExecutor(registry), store),
+                          stream_model=stream_model)
+        b = LocalBackend(store, runtime, PROFILES, default_agent="weather")
+        await b.start()
+    yield b
+    await b.stop()
+
+
+class Watch:
+    """Collects one subscription's events."""
+
+    def __init__(self, backend: Any, cid: str, after: int = 0) -> None:
+        self.events: list[Event] = []
+        self.changed = asyncio.Event()
+        self.task = asyncio.get_running_loop().create_task(self._run(backend, cid, after))
+
+    async def _run(self, backend: Any, cid: str, after: int) -> None:
+        async for batch in backend.subscribe(OWNER, cid, after):
+            self.events.extend(batch)
+            self.changed.set()
+
+    async def until(self, predicate: Callable[[list[Event]], bool], timeout: float = TIMEOUT) -> None:
+        async def wait() -> None:
+            while not predicate(self.events):
+                self.changed.clear()
+                await self.changed.wait()
+        await asyncio.wait_for(wait(), timeout)
+
+    async def until_event(self, name: str, count: int = 1) -> None:
+        await self.until(lambda evs: sum(e.event == name for e in evs) >= count)
+
+    async def stop(self) -> None:
+        self.task.cancel()
+        with _suppress():
+            await self.task
+
+
+def _suppress() -> Any:
+    import contextlib
+
+    return contextlib.suppress(asyncio.CancelledError)
+
+
+def contiguous(events: list[Event]) -> bool:
+    return [e.seq for e in events] == list(range(1, len(events) + 1))
+
+
+async def _open(backend: Any, agent: str) -> str:
+    return (await backend.open(OWNER, None, agent, None)).conversation_id
+
+
+async def _inspect(backend: Any, cid: str) -> dict[str, Any]:
+    if isinstance(backend, RayBackend):
+        _, handle = await backend._host_for(cid)
+        return dict(await handle.inspect.remote(cid))
+    return dict(await backend.host.inspect(cid))
+
+
+async def _passivate(backend: Any, cid: str) -> bool:
+    if isinstance(backend, RayBackend):
+        _, handle = await backend._host_for(cid)
+        return bool(await handle.passivate.remote(cid))
+    return bool(await backend.host.passivate(cid))
+
+
+# -- the same scenarios on both backends ------------------------------------------------------------
+
+
+async def test_turn_streams_to_completion_with_contiguous_seqs(backend: Any) -> None:
+    cid = await _open(backend, "weather")
+    watch = Watch(backend, cid)
+    assert await backend.command(OWNER, cid, UserMessage("m1", "weather?")) == "accepted"
+    await watch.until_event("turn.completed")
+    await watch.stop()
+    assert contiguous(watch.events)
+    [done] = [e for e in watch.events if e.event == "turn.completed"]
+    assert done.data["reason"] == "complete" and done.data["final_answer"] == LONG_ANSWER
+    assert "".join(e.data["text"] for e in watch.events if e.event == "answer.delta") == LONG_ANSWER
+
+
+async def test_duplicate_user_message_is_acked_duplicate_and_runs_once(backend: Any) -> None:
+    cid = await _open(backend, "ask")
+    watch = Watch(backend, cid)
+    assert await backend.command(OWNER, cid, UserMessage("same", "hi")) == "accepted"
+    assert await backend.command(OWNER, cid, UserMessage("same", "hi")) == "duplicate"
+    await watch.until_event("ask_user")
+    ask = next(e for e in watch.events if e.event == "ask_user")
+    assert await backend.command(OWNER, cid, Answer("a1", ask.data["ask_id"], "Paris")) == "accepted"
+    assert await backend.command(OWNER, cid, Answer("a1", ask.data["ask_id"], "Paris")) == "duplicate"
+    await watch.until_event("turn.completed")
+    await watch.stop()
+    assert sum(e.event == "turn.started" for e in watch.events) == 1
+    result = next(e for e in watch.events if e.event == "tool.result")
+    assert result.data["result"] == {"answer": "Paris"}
+
+
+async def test_resubscribe_after_last_seen_seq_has_no_gap_and_no_duplicate(backend: Any) -> None:
+    cid = await _open(backend, "weather")
+    first = Watch(backend, cid)
+    await backend.command(OWNER, cid, UserMessage("m1", "weather?"))
+    await first.until_event("answer.delta")
+    await first.stop()
+    seen = list(first.events)
+    second = Watch(backend, cid, after=seen[-1].seq)
+    await second.until_event("turn.completed")
+    await second.stop()
+    union = seen + second.events
+    assert contiguous(union)
+    assert union[-1].event == "turn.completed"
+
+
+async def test_two_watchers_receive_identical_sequences(backend: Any) -> None:
+    cid = await _open(backend, "weather")
+    a, b = Watch(backend, cid), Watch(backend, cid)
+    await backend.command(OWNER, cid, UserMessage("m1", "weather?"))
+    await a.until_event("turn.completed")
+    await b.until_event("turn.completed")
+    await a.stop()
+    await b.stop()
+    assert [(e.seq, e.event, e.data) for e in a.events] == [(e.seq, e.event, e.data) for e in b.events]
+
+
+async def test_passivated_conversation_reactivates_with_state_intact(backend: Any) -> None:
+    cid = await _open(backend, "pool")  # round 0 is an exploration call: the budget counter moves
+    watch = Watch(backend, cid)
+    await backend.command(OWNER, cid, UserMessage("m1", "search"))
+    await watch.until_event("tool.call", 2)  # the search ran; the slow second call is out
+    await backend.command(OWNER, cid, SetMode("mode", "ask"))
+    await backend.command(OWNER, cid, _cancel())
+    await watch.until_event("turn.completed")
+    await watch.stop()
+    before = await _inspect(backend, cid)
+    assert before["state"]["mode"] == "ask" and before["state"]["ledger"]
+    assert await _passivate(backend, cid)
+    after = await _inspect(backend, cid)
+    for key in ("timeline", "mode", "agent_state", "ledger", "model_calls", "turns", "queue"):
+        assert after["state"][key] == before["state"][key], key
+    assert after["last_seq"] == before["last_seq"]
+
+
+def _cancel() -> Any:
+    from actors.hosting import Cancel
+
+    return Cancel("cancel-1")
+
+
+# -- Ray only -------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def ray_backend(ray_cluster: Any, store_url: str, script_files: dict[str, str]) -> AsyncIterator[RayBackend]:
+    backend = await _ray_backend(store_url, script_files)
+    yield backend
+    await backend._directory.ensure_hosts.remote(2, backend.config)  # replace any host a test killed
+    await backend.stop()
+
+
+async def test_directory_spreads_conversations_over_hosts(ray_backend: RayBackend) -> None:
+    hosts = set()
+    for _ in range(12):
+        cid = await _open(ray_backend, "weather")
+        await ray_backend.command(OWNER, cid, SetMode(f"m-{cid}", "agent"))
+        hosts.add(await ray_backend.host_of(cid))
+    assert len(hosts) == 2
+
+
+async def test_single_activation_under_concurrent_first_messages_from_two_gateways(
+    ray_backend: RayBackend, store_url: str, script_files: dict[str, str]
+) -> None:
+    other = await _ray_backend(store_url, script_files)
+    try:
+        cid = await _open(ray_backend, "ask")
+        results = await asyncio.gather(
+            ray_backend.command(OWNER, cid, UserMessage("from-a", "one")),
+            other.command(OWNER, cid, UserMessage("from-b", "two")),
+        )
+        assert results == ["accepted", "accepted"]
+        active_on = []
+        for name in await ray_backend._directory.hosts.remote():
+            stats = await ray.get_actor(name, namespace=NAMESPACE).stats.remote()
+            if cid in stats["active_ids"]:
+                active_on.append(name)
+        assert len(active_on) == 1
+        state = await _inspect(ray_backend, cid)
+        assert state["state"]["turns"] + len(state["state"]["queue"]) == 2  # both messages, one writer
+    finally:
+        await other.stop()
+
+
+async def test_host_killed_mid_stream_client_resumes_with_one_final_answer(ray_backend: RayBackend) -> None:
+    cid = await _open(ray_backend, "weather")
+    watch = Watch(ray_backend, cid)
+    await ray_backend.command(OWNER, cid, UserMessage("m1", "weather?"))
+    await watch.until_event("answer.delta", 3)
+    ray.kill(ray.get_actor(await ray_backend.host_of(cid), namespace=NAMESPACE))
+    await watch.until_event("turn.completed")
+    await watch.stop()
+    assert contiguous(watch.events)
+    [done] = [e for e in watch.events if e.event == "turn.completed"]
+    streamed = "".join(e.data["text"] for e in watch.events if e.event == "answer.delta")
+    assert done.data["final_answer"] == streamed  # salvaged or completed: exactly what the user saw
+    store_events = await ray_backend.store.read_events(cid, 0, 10_000)
+    assert [(e.seq, e.event) for e in store_events] == [(e.seq, e.event) for e in watch.events]
+
+
+async def test_host_killed_mid_tool_call_runs_the_tool_exactly_once(ray_backend: RayBackend) -> None:
+    cid = await _open(ray_backend, "note")
+    pool = ray.get_actor(TOOL_POOL_NAME, namespace=NAMESPACE)
+    watch = Watch(ray_backend, cid)
+    await ray_backend.command(OWNER, cid, UserMessage("m1", "note it"))
+    await watch.until_event("tool.call", 2)
+    await _until(lambda: pool.stats.remote(), lambda s: s["inflight"] > 0)
+    ray.kill(ray.get_actor(await ray_backend.host_of(cid), namespace=NAMESPACE))
+    await watch.until_event("turn.completed")
+    await watch.stop()
+    assert contiguous(watch.events)
+    workspace = await pool.workspace.remote(cid)
+    assert len(workspace["workspace"]["notes"]) == 1        # the side effect happened once
+    assert (await pool.stats.remote())["executed"][cid] == 2  # write_note and sleep, never re-run
+    results = [e for e in watch.events if e.event == "tool.result"]
+    assert sorted(e.data["tool_id"] for e in results) == ["demo.sleep", "demo.write_note"]
+    assert all(e.data["ok"] for e in results)
+
+
+async def test_tool_pool_killed_in_flight_calls_get_error_observations_and_counters_survive(
+    ray_backend: RayBackend,
+) -> None:
+    cid = await _open(ray_backend, "pool")
+    pool = ray.get_actor(TOOL_POOL_NAME, namespace=NAMESPACE)
+    watch = Watch(ray_backend, cid)
+    await ray_backend.command(OWNER, cid, UserMessage("m1", "go"))
+    await watch.until_event("tool.call", 2)
+    await _until(lambda: pool.stats.remote(), lambda s: s["inflight"] > 0)
+    ray.kill(pool, no_restart=False)
+    await watch.until_event("turn.completed")
+    await watch.stop()
+    results = [e for e in watch.events if e.event == "tool.result"]
+    assert results[0].data["ok"] and results[0].data["tool_id"] == "demo.search"
+    assert results[1].data["error"] == "tool_pool_unavailable"
+    done = next(e for e in watch.events if e.event == "turn.completed")
+    assert done.data["reason"] == "complete"
+    restarted = ray.get_actor(TOOL_POOL_NAME, namespace=NAMESPACE)
+    assert (await restarted.workspace.remote(cid))["exploration"] == 1  # durable across the restart
+
+
+async def _until(probe: Callable[[], Any], predicate: Callable[[Any], bool], timeout: float = 30.0) -> None:
+    async def wait() -> None:
+        while not predicate(await probe()):
+            await asyncio.sleep(0.02)
+    await asyncio.wait_for(wait(), timeout)
+
+
+async def test_client_reconnects_to_another_gateway_and_resumes(
+    ray_backend: RayBackend, store_url: str, script_files: dict[str, str], tmp_path: Path
+) -> None:
+    from websockets.asyncio.client import connect
+
+    from gateway.server import GatewayServer
+
+    other = await _ray_backend(store_url, script_files)
+    a = GatewayServer(Settings(port=0, store=store_url), ray_backend)
+    b = GatewayServer(Settings(port=0, store=store_url), other)
+    (_, port_a), (_, port_b) = await a.start(), await b.start()
+    seen: list[dict[str, Any]] = []
+    try:
+        async with connect(f"ws://127.0.0.1:{port_a}/ws", subprotocols=["reactgate.v1"]) as ws:
+            await ws.send(json.dumps({"type": "open", "id": "o1", "agent": "weather"}))
+            cid = json.loads(await ws.recv())["conversation_id"]
+            await ws.send(json.dumps({"type": "subscribe", "id": "s1", "conversation_id": cid}))
+            await ws.send(json.dumps({"type": "user_message", "id": "u1", "conversation_id": cid, "text": "hi"}))
+            while sum(f.get("event") == "answer.delta" for f in seen) < 2:
+                frame = json.loads(await asyncio.wait_for(ws.recv(), TIMEOUT))
+                if frame["type"] == "event":
+                    seen.append(frame)
+        async with connect(f"ws://127.0.0.1:{port_b}/ws", subprotocols=["reactgate.v1"]) as ws:
+            await ws.send(json.dumps({"type": "subscribe", "id": "s2", "conversation_id": cid,
+                                      "after_seq": seen[-1]["seq"]}))
+            while seen[-1].get("event") != "turn.completed":
+                frame = json.loads(await asyncio.wait_for(ws.recv(), TIMEOUT))
+                if frame["type"] == "event":
+                    seen.append(frame)
+    finally:
+        await b.drain()
+        await a.drain()
+    assert [f["seq"] for f in seen] == list(range(1, len(seen) + 1))
+    assert seen[-1]["data"]["final_answer"] == LONG_ANSWER
