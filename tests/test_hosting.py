@@ -414,3 +414,58 @@ async def test_client_reconnects_to_another_gateway_and_resumes(
         await a.drain()
     assert [f["seq"] for f in seen] == list(range(1, len(seen) + 1))
     assert seen[-1]["data"]["final_answer"] == LONG_ANSWER
+
+
+async def test_dedicated_placement_runs_one_named_actor_per_conversation(
+    ray_cluster: Any, store_url: str, script_files: dict[str, str]
+) -> None:
+    from actors.ray_actors import DEDICATED_PREFIX
+
+    backend = RayBackend(Settings(store=store_url), PROFILES, default_agent="ask", scripts=script_files,
+                         placement="dedicated")
+    await backend.start()
+    try:
+        first, second = await _open(backend, "ask"), await _open(backend, "ask")
+        for cid in (first, second):
+            await backend.command(OWNER, cid, SetMode(f"m-{cid}", "agent"))
+        hosts = {await backend.host_of(first), await backend.host_of(second)}
+        assert hosts == {f"{DEDICATED_PREFIX}{first}", f"{DEDICATED_PREFIX}{second}"}
+        for cid in (first, second):
+            stats = await ray.get_actor(f"{DEDICATED_PREFIX}{cid}", namespace=NAMESPACE).stats.remote()
+            assert stats["active_ids"] == [cid]
+        watch = Watch(backend, first)
+        await backend.command(OWNER, first, UserMessage("m1", "hi"))
+        await watch.until_event("ask_user")
+        ask = next(e for e in watch.events if e.event == "ask_user")
+        await backend.command(OWNER, first, Answer("a1", ask.data["ask_id"], "Rome"))
+        await watch.until_event("turn.completed")
+        await watch.stop()
+        assert contiguous(watch.events)
+    finally:
+        for cid in (first, second):
+            ray.kill(ray.get_actor(f"{DEDICATED_PREFIX}{cid}", namespace=NAMESPACE))
+        await backend.stop()
+
+
+async def test_idle_conversation_is_passivated_after_ttl_and_reactivates_on_next_frame(
+    store_url: str, script_files: dict[str, str]
+) -> None:
+    store = store_from_url(store_url.replace("hosting.sqlite3", "hosting-ttl.sqlite3"))
+    registry = demo_registry()
+    runtime = Runtime(registry=registry, tools=DurableTools(LocalToolExecutor(registry), store),
+                      stream_model=stream_model)
+    backend = LocalBackend(store, runtime, PROFILES, default_agent="weather", idle_ttl_s=0.2)
+    await backend.start()
+    try:
+        cid = await _open(backend, "weather")
+        await backend.command(OWNER, cid, SetMode("m1", "ask"))
+        assert cid in backend.host.active_ids
+        await _until(lambda: _async_value(backend.host.active_ids), lambda ids: cid not in ids, timeout=10)
+        state = await _inspect(backend, cid)  # the next frame re-activates it from the store
+        assert state["state"]["mode"] == "ask" and cid in backend.host.active_ids
+    finally:
+        await backend.stop()
+
+
+async def _async_value(value: Any) -> Any:
+    return value
