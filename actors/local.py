@@ -87,6 +87,10 @@ class LocalBackend:
             conversation_id = await self.owners.create(owner, name, self.clock())
         else:
             await self.owners.check(owner, conversation_id)
+            # Re-opening (and subscribing: the gateway opens first) re-activates the conversation, so
+            # a turn cut by a crash or a drain resumes from the store now, not at the next command
+            # (SPEC §5 Passivation, Faults).
+            await self.host.activate(conversation_id)
         if mode is not None:
             await self.host.command(conversation_id, SetMode(id=f"open-{uuid.uuid4().hex}", mode=mode))  # type: ignore[arg-type]
         return Opened(conversation_id, await self.store.last_seq(conversation_id))

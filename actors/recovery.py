@@ -117,4 +117,7 @@ async def _round_cut(conv: Conversation, current: TurnProgress, events: Sequence
     })
     turn.phase = Phase.DECISION if turn.phase is not Phase.FINALIZE else Phase.FINALIZE
     conv.state.current = turn.progress()
-    conv.checkpoint()
+    # Save through the host's hook, not `conv.checkpoint()`: no turn runs yet, and that would
+    # recompute `current` from the running turn — None — and drop the turn we resume.
+    if conv.on_checkpoint is not None:
+        conv.on_checkpoint()
