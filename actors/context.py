@@ -56,11 +56,12 @@ def ledger_summary(steps: Sequence[Step], limit: int = LEDGER_MAX_CHARS) -> str:
     if not steps:
         return ""
     header = f"Steps so far ({len(steps)}):"
+    reserve = len(f"\n(… {len(steps)} earlier steps)")  # room for the marker, so the total stays ≤ limit
     lines: list[str] = []
     used = len(header)
     for n, step in zip(range(len(steps), 0, -1), reversed(steps), strict=False):
         line = f"\n{n}. {step.tool_id} [{step.params_digest}] {'ok' if step.ok else 'error'}"
-        if used + len(line) > limit - 20:
+        if used + len(line) > limit - reserve:
             lines.append(f"\n(… {n} earlier steps)")
             break
         lines.append(line)

@@ -226,6 +226,10 @@ class ConversationHost:
         await core.activate(conversation_id)
         return self.incarnation
 
+    async def activate(self, conversation_id: str) -> int:
+        core = await self._ready()
+        return int(await core.activate(conversation_id))
+
     async def unwatch(self, gateway_id: str, conversation_id: str) -> None:
         unsubscribe = self._watches.pop((gateway_id, conversation_id), None)
         if unsubscribe is not None:

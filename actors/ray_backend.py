@@ -148,6 +148,9 @@ class RayBackend:
             conversation_id = await self.owners.create(owner, name, time.time())
         else:
             await self.owners.check(owner, conversation_id)
+            # Re-opening (the gateway also opens before each subscribe) activates the conversation,
+            # so a turn cut by a crash resumes now, not at the next command (SPEC §5).
+            await self._call(conversation_id, "activate")
         if mode is not None:
             await self._call(conversation_id, "command", SetMode(id=f"open-{uuid.uuid4().hex}", mode=mode))  # type: ignore[arg-type]
         return Opened(conversation_id, await self.store.last_seq(conversation_id))
