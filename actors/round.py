@@ -288,8 +288,14 @@ class RoundEngine:
                 "character that made that impossible. Received: " + repr(self._prefix.preview()),
             )
             return out, self._result(Outcome.RETRY, [notice], preamble=True)
+        # What a cut (provider error, crash) leaves unfinished is not the model's mistake: the
+        # violations it causes are dropped, the cut notice says what happened (guarantee 4).
+        written_violations = len(self._violations)
+        cut_action = len(self._parser.actions) - 1 if self._parser.open_block == Channel.ACTION else None
         for event in self._parser.finish():
             self._on(event, out)
+        if cut is not None:
+            del self._violations[written_violations:]
         for index in self._awaiting_code:
             self._ready.pop(index)
             self._invalid[index] = Notice(
@@ -301,7 +307,7 @@ class RoundEngine:
         for gate in self._gates:  # still pending at the end: never typed, never shown
             if gate.status is GateStatus.PENDING:
                 self._action_closed(gate.index, out)
-        notices, valid = self._notices(cut)
+        notices, valid = self._notices(cut, cut_action if cut is not None else None)
         final_gate = next((g for g in self._gates if g.shows_answer), None)
         final_action = self._parser.actions[final_gate.index].result()[0] if final_gate else None
         if final_gate is not None and valid and isinstance(final_action, Finish):
@@ -312,12 +318,14 @@ class RoundEngine:
             return out, self._result(Outcome.TOOLS, notices)
         return out, self._result(Outcome.RETRY, notices)
 
-    def _notices(self, cut: Notice | None) -> tuple[list[Notice], bool]:
+    def _notices(self, cut: Notice | None, cut_action: int | None = None) -> tuple[list[Notice], bool]:
         """The round's notices, and whether it passed post-stream validation (SPEC §3.4): every
         block closed, every action's JSON complete and schema-valid, channels consistent. A gate's
         denial is a notice but not a validation failure."""
         notices: list[Notice] = []
         for gate in self._gates:
+            if gate.index == cut_action and verdict_code(gate) in (None, NoticeCode.SCHEMA):
+                continue  # the action the cut left unfinished: only a rule's denial is worth saying
             verdict = gate.verdict
             if gate.status is GateStatus.DENIED and gate.index not in self._invalid and verdict and verdict.code:
                 notices.append(
@@ -329,7 +337,7 @@ class RoundEngine:
             if gate.index in self._invalid:
                 notices.append(self._invalid[gate.index])
         violations = list(dict.fromkeys(self._violations))
-        if not self._gates and not self._violations:
+        if not self._gates and not self._violations and cut is None:
             violations.append("a response needs at least one <channel:action> block")
         if self._parser.code and not any(
             (decl := self.rules.catalog.get(c.call.tool_id)) is not None and decl.uses_code
@@ -399,6 +407,10 @@ class RoundEngine:
             denied=denied,
             preamble_aborted=preamble,
         )
+
+
+def verdict_code(gate: Gate) -> NoticeCode | None:
+    return gate.verdict.code if gate.status is GateStatus.DENIED and gate.verdict is not None else None
 
 
 def _lane_name(gate: Gate) -> str:

@@ -345,10 +345,6 @@ class Turn:
 
     def _finish_engine(self, engine: RoundEngine, cut: Notice | None = None) -> RoundResult:
         events, result = engine.finish(cut=cut)
-        if cut is not None and not engine.raw_text():
-            # Nothing was written: the cut is the whole diagnosis. "A response needs an action
-            # block" would tell the model it wrote something it did not (guarantee 4).
-            result.notices = [cut]
         for event in events:
             self._stream_event(event)
         return result

@@ -110,8 +110,9 @@ class ScriptedLLM(CustomLLM):
         self.open_streams += 1
         try:
             for text in round_.chunks:
-                if delay:
-                    await asyncio.sleep(delay)
+                # sleep(0) too: like a real provider's socket, yield to the loop between chunks, so
+                # other conversations and the event log's flusher run while one streams.
+                await asyncio.sleep(delay)
                 yield _chunk(text)
             if round_.error is not None:
                 if delay and not round_.chunks:
