@@ -26,6 +26,16 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--ray-address", help="join this Ray cluster instead of starting a local one")
     serve.add_argument("--auth-secret", help="JWT HS256 secret (prefer REACTGATE_AUTH_SECRET: argv is visible)")
 
+    chat = sub.add_parser("chat", help="terminal client: stream a conversation, resume after reconnect")
+    chat.add_argument("--url", default="ws://127.0.0.1:8765/ws", help="gateway WebSocket URL")
+    chat.add_argument("--token", help="JWT (default: REACTGATE_TOKEN; argv is visible to other users)")
+    chat.add_argument("--conversation", help="re-open this conversation (replays its history)")
+    chat.add_argument("--agent", help="agent profile for a new conversation (default: the server's)")
+    chat.add_argument("--mode", choices=["agent", "ask"], help="set this mode when opening")
+    chat.add_argument("--message", help="send one message, print the turn, exit 0 when it completes")
+    chat.add_argument("--give-up-after", type=float, default=120.0, metavar="S",
+                      help="exit 2 after S seconds without a connection (default 120)")
+
     mock = sub.add_parser("mock-llm", help="serve a script as an OpenAI-compatible SSE endpoint")
     mock.add_argument("--script", required=True, help="script JSON file (SPEC §7)")
     mock.add_argument("--host", default="127.0.0.1")
@@ -34,6 +44,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)
+    if args.command == "chat":
+        from gateway.chat import run_chat
+
+        return run_chat(
+            args.url, token=args.token, conversation_id=args.conversation, message=args.message,
+            agent=args.agent, mode=args.mode, give_up_after_s=args.give_up_after,
+        )
     if args.command == "mock-llm":
         from actors.llm.mock_server import run_mock_server
 

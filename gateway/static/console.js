@@ -1,0 +1,552 @@
+// reactgate web console: one conversation over /ws (subprotocol reactgate.v1), no dependencies.
+//
+// The same shape as the terminal client (gateway/chat.py): `Session` holds the protocol state
+// (conversation id, last seen seq, unacked commands) and never touches the DOM; `View` draws.
+// Resume: on any connection loss it reconnects with full-jitter backoff, re-opens the same
+// conversation, subscribes after the last seq it rendered (so nothing is lost or duplicated) and
+// re-sends unacked user_message/steer/answer/set_mode frames with the same ids (the gateway
+// dedupes them). The conversation id lives in the URL hash, so a reload replays the conversation.
+"use strict";
+
+const SUBPROTOCOL = "reactgate.v1";
+const RESENT = new Set(["user_message", "steer", "answer", "set_mode"]); // cancel is not idempotent
+const BACKOFF_BASE_MS = 200;
+const BACKOFF_CAP_MS = 5000;
+
+function newId() {
+  const bytes = new Uint8Array(16);
+  crypto.getRandomValues(bytes); // works on plain http too, unlike crypto.randomUUID
+  return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+function compact(value, limit = 160) {
+  let text;
+  try { text = JSON.stringify(value); } catch (e) { text = String(value); }
+  if (text === undefined) text = "";
+  return text.length <= limit ? text : text.slice(0, limit - 1) + "…";
+}
+
+function wsUrl() {
+  const page = new URL(window.location.href);
+  const url = new URL("/ws", page);
+  url.protocol = page.protocol === "https:" ? "wss:" : "ws:";
+  const token = page.searchParams.get("token");
+  if (token) url.searchParams.set("token", token);
+  return url.toString();
+}
+
+function conversationFromHash() {
+  const match = /(?:^#|&)c=([^&]+)/.exec(window.location.hash);
+  return match ? decodeURIComponent(match[1]) : null;
+}
+
+// localStorage may be disabled (privacy settings): the console then simply forgets across reloads.
+function storageGet(key) {
+  try { return localStorage.getItem(key); } catch (e) { return null; }
+}
+
+function storageSet(key, value) {
+  try { localStorage.setItem(key, value); } catch (e) { /* see above */ }
+}
+
+// Events carry the id of a user message, not its text: remember what we sent, so a reload
+// replays the conversation with our own words (kept per browser, last MAX_REMEMBERED).
+const MAX_REMEMBERED = 200;
+
+function rememberText(conversationId, id, text) {
+  try {
+    const key = "reactgate.sent." + (conversationId || "new");
+    const sent = JSON.parse(localStorage.getItem(key) || "[]");
+    sent.push([id, text]);
+    localStorage.setItem(key, JSON.stringify(sent.slice(-MAX_REMEMBERED)));
+  } catch (e) { /* storage full or disabled: only the reload view suffers */ }
+}
+
+function adoptTexts(conversationId) {
+  // Messages typed before the conversation existed were remembered under "new".
+  try {
+    const early = localStorage.getItem("reactgate.sent.new");
+    if (early) {
+      localStorage.setItem("reactgate.sent." + conversationId, early);
+      localStorage.removeItem("reactgate.sent.new");
+    }
+  } catch (e) { /* see rememberText */ }
+}
+
+function recallText(conversationId, id) {
+  try {
+    const sent = JSON.parse(localStorage.getItem("reactgate.sent." + conversationId) || "[]");
+    const found = sent.find((pair) => pair[0] === id);
+    return found ? found[1] : null;
+  } catch (e) { return null; }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Protocol state: frames in, callbacks out.
+
+class Session {
+  constructor(view, conversationId) {
+    this.view = view;
+    this.conversationId = conversationId;
+    this.lastSeq = 0;
+    this.ready = false;
+    this.ws = null;
+    this.attempt = 0;
+    this.pending = new Map(); // id -> {type, fields, sent}
+    this.openId = null;
+    this.subscribeId = null;
+    this.resubscribing = false;
+    this.turnActive = false;
+    this.mode = storageGet(this.modeKey()) || "agent";
+    this.closedByUs = false;
+  }
+
+  modeKey() { return "reactgate.mode." + (this.conversationId || "new"); }
+
+  connect() {
+    this.view.status("connecting…", "");
+    let ws;
+    try {
+      ws = new WebSocket(wsUrl(), SUBPROTOCOL);
+    } catch (err) {
+      this.view.status("cannot connect: " + err.message, "down");
+      return;
+    }
+    this.ws = ws;
+    ws.onopen = () => {
+      this.openId = newId();
+      const frame = { type: "open", id: this.openId };
+      if (this.conversationId) frame.conversation_id = this.conversationId;
+      this.raw(frame);
+    };
+    ws.onmessage = (msg) => {
+      let frame;
+      try { frame = JSON.parse(msg.data); } catch (e) { return; }
+      this.receive(frame);
+    };
+    ws.onclose = (ev) => {
+      if (this.ws !== ws) return;
+      this.ws = null;
+      this.ready = false;
+      this.resubscribing = false;
+      for (const [id, p] of this.pending) {
+        if (p.sent && !RESENT.has(p.type)) this.pending.delete(id);
+      }
+      if (this.closedByUs) return;
+      const delay = Math.random() * Math.min(BACKOFF_CAP_MS, BACKOFF_BASE_MS * 2 ** Math.min(this.attempt, 16));
+      this.attempt += 1;
+      const why = ev.code ? `closed ${ev.code}${ev.reason ? " " + ev.reason : ""}` : "connection lost";
+      this.view.status(`${why} — reconnecting in ${(delay / 1000).toFixed(1)} s`, "down");
+      setTimeout(() => this.connect(), delay);
+    };
+  }
+
+  raw(frame) {
+    if (this.ws && this.ws.readyState === WebSocket.OPEN) this.ws.send(JSON.stringify(frame));
+  }
+
+  command(type, fields) {
+    const id = newId();
+    const p = { type, fields, sent: false };
+    this.pending.set(id, p);
+    if (this.ready) this.sendPending(id, p);
+    return id;
+  }
+
+  sendPending(id, p) {
+    p.sent = true;
+    this.raw(Object.assign({ type: p.type, id, conversation_id: this.conversationId }, p.fields));
+  }
+
+  subscribe() {
+    this.subscribeId = newId();
+    this.resubscribing = true;
+    this.raw({ type: "subscribe", id: this.subscribeId, conversation_id: this.conversationId, after_seq: this.lastSeq });
+  }
+
+  receive(frame) {
+    switch (frame.type) {
+      case "ack": return this.onAck(frame);
+      case "error": return this.onError(frame);
+      case "event": return this.onEvent(frame);
+      default: return undefined;
+    }
+  }
+
+  onAck(ack) {
+    if (ack.id === this.openId) {
+      if (this.conversationId && ack.conversation_id !== this.conversationId) {
+        this.view.error("internal", "the server opened another conversation");
+        return;
+      }
+      const created = !this.conversationId;
+      this.conversationId = ack.conversation_id;
+      if (created) {
+        adoptTexts(this.conversationId);
+        storageSet(this.modeKey(), this.mode);
+        history.replaceState(null, "", "#c=" + encodeURIComponent(this.conversationId));
+      }
+      this.ready = true;
+      this.attempt = 0;
+      this.view.conversation(this.conversationId);
+      this.view.status(this.lastSeq ? `connected — resumed after seq ${this.lastSeq}` : "connected", "up");
+      this.subscribe();
+      for (const [id, p] of this.pending) this.sendPending(id, p);
+      return;
+    }
+    if (ack.id === this.subscribeId) { this.resubscribing = false; return; }
+    const p = this.pending.get(ack.id);
+    if (!p) return;
+    this.pending.delete(ack.id);
+    if (p.type === "set_mode") {
+      this.mode = p.fields.mode;
+      storageSet(this.modeKey(), this.mode);
+      this.view.mode(this.mode);
+    }
+  }
+
+  onError(err) {
+    if (err.id && err.id === this.openId) {
+      // Not ours (forbidden) or gone: start a fresh conversation instead of retrying forever.
+      this.view.error(err.code, err.message + " — starting a new conversation");
+      this.conversationId = null;
+      this.lastSeq = 0;
+      history.replaceState(null, "", window.location.pathname + window.location.search);
+      this.view.reset();
+      this.restart();
+      return;
+    }
+    if (err.code === "slow_consumer") { if (this.ready) this.subscribe(); return; }
+    if (err.id) this.pending.delete(err.id);
+    this.view.error(err.code, err.message);
+  }
+
+  onEvent(frame) {
+    if (frame.conversation_id !== this.conversationId) return;
+    if (frame.seq <= this.lastSeq) return; // replayed after a resume: already drawn
+    if (frame.seq !== this.lastSeq + 1) {  // a gap: never draw out of order; restart the stream here
+      if (this.ready && !this.resubscribing) this.subscribe();
+      return;
+    }
+    this.lastSeq = frame.seq;
+    const d = frame.data || {};
+    if (frame.event === "turn.started") this.turnActive = true;
+    if (frame.event === "turn.completed") this.turnActive = false;
+    this.view.event(frame.event, d);
+    this.view.busy(this.turnActive);
+  }
+
+  restart() {
+    // Drop the socket and open anew (new conversation, or after a fatal open error).
+    if (this.ws) {
+      const old = this.ws;
+      this.ws = null;
+      old.onclose = null;
+      old.close(1000, "new conversation");
+    }
+    this.ready = false;
+    this.pending.clear();
+    this.turnActive = false;
+    this.view.busy(false);
+    this.connect();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Drawing. Only textContent: event text is never parsed as HTML.
+
+function el(tag, cls, text) {
+  const node = document.createElement(tag);
+  if (cls) node.className = cls;
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+class View {
+  constructor() {
+    this.main = document.getElementById("transcript");
+    this.session = null;
+    this.reset();
+  }
+
+  reset() {
+    this.main.replaceChildren(el("div", "empty", ""));
+    this.main.firstChild.append("Ask something — e.g. ", el("em", "", "weather in Paris?"));
+    this.turns = new Map();      // turn_id -> section
+    this.current = null;         // the section events without a turn id go to
+    this.thinking = new Map();   // turn:round -> div
+    this.answers = new Map();    // turn_id -> div
+    this.tools = new Map();      // call_id -> row
+    this.asks = new Map();       // ask_id -> card
+    document.getElementById("conversation").textContent = "—";
+  }
+
+  stickToBottom(fn) {
+    const m = this.main;
+    const atBottom = m.scrollHeight - m.scrollTop - m.clientHeight < 40;
+    fn();
+    if (atBottom) m.scrollTop = m.scrollHeight;
+  }
+
+  conversation(id) {
+    const code = document.getElementById("conversation");
+    code.textContent = id;
+    code.title = id;
+  }
+
+  status(text, cls) {
+    document.getElementById("status").textContent = text;
+    document.getElementById("status-dot").className = "dot " + (cls || "");
+  }
+
+  mode(mode) {
+    for (const b of document.querySelectorAll(".mode button")) {
+      b.setAttribute("aria-pressed", String(b.dataset.mode === mode));
+    }
+  }
+
+  busy(active) {
+    document.getElementById("steer").disabled = !active;
+    document.getElementById("cancel").disabled = !active;
+  }
+
+  section(turnId) {
+    if (turnId && this.turns.has(turnId)) return this.turns.get(turnId);
+    if (!turnId && this.current) return this.current;
+    const empty = this.main.querySelector(".empty");
+    if (empty) empty.remove();
+    const sec = el("section", "turn");
+    if (turnId) { sec.dataset.turn = turnId; this.turns.set(turnId, sec); }
+    this.main.append(sec);
+    this.current = sec;
+    return sec;
+  }
+
+  localMessage(id, text) {
+    rememberText(this.session.conversationId, id, text);
+    this.stickToBottom(() => {
+      const empty = this.main.querySelector(".empty");
+      if (empty) empty.remove();
+      const sec = el("section", "turn pending-turn");
+      sec.dataset.message = id;
+      sec.append(el("div", "user", text));
+      this.main.append(sec);
+    });
+  }
+
+  error(code, message) {
+    this.stickToBottom(() => this.main.append(el("div", "error", `error ${code}: ${message}`)));
+  }
+
+  event(name, d) {
+    this.stickToBottom(() => this.draw(name, d));
+  }
+
+  draw(name, d) {
+    const turnId = d.turn_id;
+    switch (name) {
+      case "turn.started": {
+        // Adopt the bubble we drew when sending, so the turn sits under its message.
+        const mine = this.main.querySelector(`section.pending-turn[data-message="${CSS.escape(d.user_message_id || "")}"]`);
+        let sec;
+        if (mine) {
+          mine.classList.remove("pending-turn");
+          mine.dataset.turn = turnId;
+          this.turns.set(turnId, mine);
+          this.current = mine;
+          this.main.append(mine); // follow-ups queued behind a running turn move to the end
+          sec = mine;
+        } else {
+          sec = this.section(turnId);
+          const text = recallText(this.session.conversationId, d.user_message_id);
+          sec.append(text === null ? el("div", "user unknown", "(message sent elsewhere)") : el("div", "user", text));
+        }
+        return;
+      }
+      case "thinking.delta": {
+        const key = turnId + ":" + d.round;
+        let div = this.thinking.get(key);
+        if (!div) { div = el("div", "thinking", ""); this.thinking.set(key, div); this.section(turnId).append(div); }
+        div.textContent += d.text || "";
+        return;
+      }
+      case "answer.delta": {
+        this.answer(turnId).textContent += d.text || "";
+        return;
+      }
+      case "tool.call": {
+        const row = el("div", "tool");
+        row.append(el("span", "arrow", "→"), el("span", "name", d.tool_id), el("span", "params mono", compact(d.params)));
+        if (d.trait) row.append(el("span", "meta", d.trait));
+        const badge = el("span", "badge wait", "running");
+        row.append(badge);
+        row.badge = badge;
+        this.tools.set(d.call_id, row);
+        this.section(turnId).append(row);
+        return;
+      }
+      case "tool.result": {
+        let row = this.tools.get(d.call_id);
+        if (!row) {
+          row = el("div", "tool");
+          row.append(el("span", "arrow", "←"), el("span", "name", d.tool_id));
+          row.badge = el("span", "badge", "");
+          row.append(row.badge);
+          this.section(turnId).append(row);
+        }
+        row.badge.className = "badge " + (d.ok ? "ok" : "error");
+        const took = d.duration_ms !== undefined ? ` ${d.duration_ms} ms` : "";
+        row.badge.textContent = (d.ok ? "ok" : "error") + took;
+        row.append(el("span", "result mono", compact(d.ok ? d.result : d.error)));
+        const ask = this.asks.get(d.call_id);
+        if (ask) this.resolveAsk(ask, d.ok ? "answered: " + ((d.result || {}).answer ?? "") : "no answer: " + compact(d.error));
+        return;
+      }
+      case "ask_user": return this.askUser(turnId, d);
+      case "ui_command":
+        this.section(turnId).append(el("div", "ui", `⇢ ui ${d.command} ${compact(d.args)}`));
+        return;
+      case "fallback":
+        this.section(turnId).append(el("div", "fallback", `⇄ fallback ${d.from} → ${d.to} (${d.error})`));
+        return;
+      case "round.completed":
+        for (const n of d.notices || []) {
+          const tool = n.tool_id ? ` [${n.tool_id}]` : "";
+          this.section(turnId).append(el("div", "notice", `${n.code}${tool}: ${n.message}`));
+        }
+        return;
+      case "trace":
+        if (d.kind !== "illegal_finish") this.section(turnId).append(el("div", "meta", "trace " + d.kind));
+        return;
+      case "turn.completed": {
+        const answer = this.answers.get(turnId);
+        const final = d.final_answer || "";
+        if (final && (!answer || answer.textContent !== final)) {
+          // An answer that never streamed (e.g. a plain error message) is shown once here.
+          const div = this.answer(turnId);
+          div.textContent = final;
+        }
+        const a = this.answers.get(turnId);
+        if (a) a.classList.remove("streaming");
+        const cls = d.reason === "complete" ? "ok" : (d.reason === "exit" || d.reason === "salvaged") ? "warn" : "bad";
+        let label = d.reason;
+        if (d.used_tools === false) label += " · no tools";
+        this.section(turnId).append(el("div", "done " + cls, label));
+        for (const card of this.asks.values()) if (!card.classList.contains("resolved")) this.resolveAsk(card, "closed");
+        return;
+      }
+      default:
+        this.section(turnId).append(el("div", "meta", name + " " + compact(d)));
+    }
+  }
+
+  answer(turnId) {
+    let div = this.answers.get(turnId);
+    if (!div) {
+      div = el("div", "answer streaming", "");
+      this.answers.set(turnId, div);
+      this.section(turnId).append(div);
+    }
+    return div;
+  }
+
+  askUser(turnId, d) {
+    const card = el("div", "ask");
+    card.dataset.ask = d.ask_id;
+    card.append(el("div", "question", d.question || "(question)"));
+    const send = (text) => {
+      if (card.classList.contains("resolved") || !text) return;
+      this.session.command("answer", { ask_id: d.ask_id, answer: text });
+      this.resolveAsk(card, "answered: " + text);
+    };
+    if ((d.options || []).length) {
+      const opts = el("div", "options");
+      for (const option of d.options) {
+        const b = el("button", "", option);
+        b.type = "button";
+        b.addEventListener("click", () => send(option));
+        opts.append(b);
+      }
+      card.append(opts);
+    }
+    const free = el("form", "free");
+    const input = el("input");
+    input.placeholder = "or type an answer";
+    const ok = el("button", "", "Answer");
+    ok.type = "submit";
+    free.append(input, ok);
+    free.addEventListener("submit", (ev) => { ev.preventDefault(); send(input.value.trim()); });
+    card.append(free);
+    if (d.timeout_s) card.append(el("div", "meta", `waits up to ${d.timeout_s} s`));
+    this.asks.set(d.ask_id, card);
+    this.section(turnId).append(card);
+  }
+
+  resolveAsk(card, outcome) {
+    if (card.classList.contains("resolved")) return;
+    card.classList.add("resolved");
+    for (const c of card.querySelectorAll("button, input")) c.disabled = true;
+    card.append(el("div", "outcome", outcome));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Wiring.
+
+function main() {
+  const view = new View();
+  let session = new Session(view, conversationFromHash());
+  view.session = session;
+  view.mode(session.mode);
+
+  const input = document.getElementById("input");
+  const take = () => { const t = input.value.trim(); if (t) input.value = ""; return t; };
+
+  document.getElementById("composer").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const text = take();
+    if (!text) return;
+    const id = session.command("user_message", { text });
+    view.localMessage(id, text);
+  });
+  input.addEventListener("keydown", (ev) => {
+    if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) {
+      ev.preventDefault();
+      document.getElementById("composer").requestSubmit();
+    }
+  });
+  document.getElementById("steer").addEventListener("click", () => {
+    const text = take();
+    if (!text) { input.focus(); input.placeholder = "Type the steer text first, then press Steer"; return; }
+    session.command("steer", { text });
+    view.section(null).append(el("div", "meta", "steer: " + text));
+  });
+  document.getElementById("cancel").addEventListener("click", () => session.command("cancel", {}));
+  for (const b of document.querySelectorAll(".mode button")) {
+    b.addEventListener("click", () => {
+      const mode = b.dataset.mode;
+      session.command("set_mode", { mode });
+      view.mode(mode); // optimistic; the ack confirms it
+    });
+  }
+  document.getElementById("new-conversation").addEventListener("click", () => {
+    session.closedByUs = true;
+    if (session.ws) session.ws.close(1000, "new conversation");
+    history.replaceState(null, "", window.location.pathname + window.location.search);
+    view.reset();
+    session = new Session(view, null);
+    view.session = session;
+    view.mode(session.mode);
+    session.connect();
+  });
+  window.addEventListener("hashchange", () => {
+    const cid = conversationFromHash();
+    if (cid && cid !== session.conversationId) window.location.reload();
+  });
+
+  window.reactgate = { get session() { return session; }, view }; // for tests and the curious
+  session.connect();
+  input.focus();
+}
+
+main();

@@ -1,0 +1,230 @@
+"""The web console at GET / (SPEC §6 HTTP): served by the gateway, dependency-free, and working in
+a real browser — streaming, ask_user buttons, and resume after a drain.
+
+The browser tests drive Debian's Chromium through Playwright for Python. Without either they skip
+with the reason, except under CI (CI=true), where a missing browser is a failure: CI's setup must
+install them (`apt-get install -y chromium`, `pip install playwright`; `playwright install` is
+not needed, and cannot download here).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.app import build_backend
+from gateway.server import STATIC_DIR
+from gateway.settings import Settings
+from tests.gateway_harness import http_get, running
+from tests.test_chat import DEMO_ANSWER, SharedBackend, gateway, local_backend
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+SCREENSHOT = Path("/tmp/console.png")
+TIMEOUT_MS = 60_000
+
+
+# -- served by the gateway -----------------------------------------------------------------------
+
+
+async def test_the_console_is_served_at_root_as_html() -> None:
+    async with running() as h:
+        for path in ("/", "/index.html"):
+            status, headers, body = await http_get(h.host, h.port, path)
+            assert status == 200
+            assert headers["content-type"].startswith("text/html")
+            assert b"<title>reactgate console</title>" in body
+            assert b'src="/static/console.js"' in body
+
+
+@pytest.mark.parametrize(("name", "content_type"), [("console.js", "javascript"), ("console.css", "text/css")])
+async def test_the_console_assets_are_served_from_static(name: str, content_type: str) -> None:
+    async with running() as h:
+        status, headers, body = await http_get(h.host, h.port, f"/static/{name}")
+        assert status == 200
+        assert content_type in headers["content-type"]
+        assert body == (STATIC_DIR / name).read_bytes()
+
+
+def test_the_console_has_no_external_dependencies() -> None:
+    """No CDN, no build step: every URL the page loads is on the gateway itself."""
+    for file in STATIC_DIR.iterdir():
+        text = file.read_text(encoding="utf-8")
+        assert not re.search(r"""(src|href)\s*=\s*["'](https?:)?//""", text), file.name
+        assert not re.search(r"""import\s.*from\s+["']https?:""", text), file.name
+        assert "@import" not in text, file.name
+
+
+def test_the_console_speaks_the_reactgate_subprotocol_and_resumes_after_the_last_seq() -> None:
+    js = (STATIC_DIR / "console.js").read_text(encoding="utf-8")
+    assert 'const SUBPROTOCOL = "reactgate.v1"' in js
+    assert "after_seq: this.lastSeq" in js
+    assert 'searchParams.get("token")' in js  # ?token= passthrough to /ws
+
+
+# -- in a real browser ---------------------------------------------------------------------------
+
+
+def require_browser() -> None:
+    missing = []
+    if importlib.util.find_spec("playwright") is None:
+        missing.append("the playwright package (pip install playwright)")
+    if not CHROMIUM.exists():
+        missing.append(f"{CHROMIUM} (apt-get install -y chromium)")
+    if not missing:
+        return
+    reason = "browser test needs " + " and ".join(missing)
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{reason} (under CI a missing browser is a failure)")
+    pytest.skip(reason)
+
+
+@contextlib.asynccontextmanager
+async def browser_page() -> AsyncIterator[Any]:
+    require_browser()
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = await browser.new_page(viewport={"width": 1100, "height": 760})
+            page.set_default_timeout(TIMEOUT_MS)
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            yield page
+            assert errors == [], errors
+        finally:
+            await browser.close()
+
+
+async def send(page: Any, text: str) -> None:
+    await page.fill("#input", text)
+    await page.click("#send")
+
+
+async def answer_text(page: Any) -> str:
+    return str(await page.inner_text(".answer"))
+
+
+@pytest.mark.slow
+async def test_the_console_streams_a_turn_in_chromium(tmp_path: Path) -> None:
+    async with gateway(local_backend(tmp_path)) as (_, port), browser_page() as page:
+        await page.goto(f"http://127.0.0.1:{port}/")
+        await page.wait_for_selector("#status-dot.up")
+        await send(page, "weather in Paris?")
+        await page.wait_for_selector(".answer")  # streaming has begun
+        await page.wait_for_selector(".done.ok")
+        assert await answer_text(page) == DEMO_ANSWER
+        assert await page.inner_text(".user") == "weather in Paris?"
+        assert "Checking the weather in Paris." in await page.inner_text(".thinking >> nth=0")
+        assert "demo.weather" in await page.inner_text(".tool")
+        assert re.fullmatch(r"ok \d+ ms", await page.inner_text(".tool .badge"))
+        assert re.fullmatch(r".*#c=c_[\w-]+", page.url)
+        await page.screenshot(path=str(SCREENSHOT))
+
+
+@pytest.mark.slow
+async def test_a_reload_replays_the_conversation_from_its_id_in_the_url(tmp_path: Path) -> None:
+    async with gateway(local_backend(tmp_path)) as (_, port), browser_page() as page:
+        await page.goto(f"http://127.0.0.1:{port}/")
+        await send(page, "weather in Paris?")
+        await page.wait_for_selector(".done.ok")
+        url = page.url
+        await page.reload()
+        await page.wait_for_selector(".done.ok")
+        assert page.url == url
+        assert await answer_text(page) == DEMO_ANSWER
+        assert await page.inner_text(".user") == "weather in Paris?"  # our own words, remembered
+        assert await page.locator(".turn").count() == 1
+
+
+@pytest.mark.slow
+async def test_the_console_resumes_after_a_drain_without_loss_or_duplicate(tmp_path: Path) -> None:
+    backend = SharedBackend(local_backend(tmp_path))
+    try:
+        async with gateway(backend) as (first, port), browser_page() as page:
+            await page.goto(f"http://127.0.0.1:{port}/")
+            await page.wait_for_selector("#status-dot.up")
+            await send(page, "weather in Paris?")
+            await page.wait_for_selector(".answer")
+            await first.drain()  # the page sees close 1012 mid-answer; the turn goes on in the backend
+            await page.wait_for_selector("#status-dot.down")
+            assert "1012" in await page.inner_text("#status")
+            async with gateway(backend, port):
+                await page.wait_for_selector(".done.ok")
+                assert await answer_text(page) == DEMO_ANSWER
+                assert await page.locator(".answer").count() == 1
+                assert await page.locator(".tool").count() == 1
+                assert "resumed after seq" in await page.inner_text("#status")
+    finally:
+        await backend.inner.stop()
+
+
+ASK_SCRIPT = {
+    "rounds": [
+        {"text": "<channel:thinking>I need the city.</channel:thinking><channel:action>"
+                 + json.dumps({"action": "call_tool", "tool_call": {"tool_id": "react.ask_user", "params": {
+                     "question": "Which city?", "options": ["Paris", "Oslo"]}}})
+                 + "</channel:action>"},
+        {"text": "<channel:thinking>Got it.</channel:thinking><channel:action>"
+                 + json.dumps({"action": "complete", "final_answer": "You chose a city."})
+                 + "</channel:action>"},
+    ]
+}
+
+
+def ask_backend(tmp_path: Path) -> Any:
+    script = tmp_path / "ask.json"
+    script.write_text(json.dumps(ASK_SCRIPT))
+    return build_backend(Settings(backend="local", port=0, store=f"sqlite:///{tmp_path}/ask.sqlite3", script=script))
+
+
+@pytest.mark.slow
+async def test_ask_user_options_are_buttons_whose_click_answers_the_question(tmp_path: Path) -> None:
+    async with gateway(ask_backend(tmp_path)) as (_, port), browser_page() as page:
+        await page.goto(f"http://127.0.0.1:{port}/")
+        await send(page, "weather?")
+        await page.wait_for_selector(".ask .options button")
+        assert await page.inner_text(".ask .question") == "Which city?"
+        await page.click(".ask .options button:has-text('Oslo')")
+        await page.wait_for_selector(".done.ok")
+        assert "answered: Oslo" in await page.inner_text(".ask .outcome")
+        assert '{"answer":"Oslo"}' in await page.inner_text(".tool .result")
+        assert await answer_text(page) == "You chose a city."
+
+
+@pytest.mark.slow
+async def test_mode_toggle_sends_set_mode_and_shows_the_acked_mode(tmp_path: Path) -> None:
+    async with gateway(local_backend(tmp_path)) as (_, port), browser_page() as page:
+        await page.goto(f"http://127.0.0.1:{port}/")
+        await page.wait_for_selector("#status-dot.up")
+        await page.click("#mode-ask")
+        await page.wait_for_function("window.reactgate.session.mode === 'ask' && window.reactgate.session.pending.size === 0")
+        assert await page.get_attribute("#mode-ask", "aria-pressed") == "true"
+        assert await page.get_attribute("#mode-agent", "aria-pressed") == "false"
+
+
+@pytest.mark.slow
+async def test_steer_and_cancel_are_enabled_during_a_turn_and_cancel_ends_it(tmp_path: Path) -> None:
+    async with gateway(ask_backend(tmp_path)) as (_, port), browser_page() as page:
+        await page.goto(f"http://127.0.0.1:{port}/")
+        await page.wait_for_selector("#status-dot.up")
+        assert await page.is_disabled("#cancel") and await page.is_disabled("#steer")
+        await send(page, "weather?")
+        await page.wait_for_selector(".ask .options button")  # the turn is paused on the question
+        assert await page.is_enabled("#cancel") and await page.is_enabled("#steer")
+        await page.click("#cancel")
+        await page.wait_for_selector(".done.bad")
+        assert await page.inner_text(".done") == "cancelled"
+        assert "closed" in await page.inner_text(".ask .outcome") or "no answer" in await page.inner_text(
+            ".ask .outcome"
+        )
+        assert await page.is_disabled("#cancel")
