@@ -58,6 +58,7 @@ TOOL_CALL_KEYS: Final = frozenset({"tool_id", "params"})
 FENCE: Final = "```"
 FENCE_LANGS: Final = frozenset({"", "json", "JSON"})
 
+_ACTION_TYPES: Final = {t.value: t for t in ActionType}
 _WS = re.compile(r"[ \t\n\r]*")
 _LANG = re.compile(r"[A-Za-z]*")
 
@@ -71,12 +72,12 @@ def validate_action(obj: Any) -> tuple[Action | None, list[str]]:
     if not isinstance(obj, dict):
         return None, ["the action must be a JSON object"]
     raw_type = obj.get("action")
-    if not isinstance(raw_type, str) or raw_type not in ActionType.__members__.values():
+    atype = _ACTION_TYPES.get(raw_type) if isinstance(raw_type, str) else None
+    if atype is None:
         allowed = ", ".join(t.value for t in ActionType)
         if "action" not in obj:
             return None, [f"missing key 'action' (one of: {allowed})"]
         return None, [f"'action' must be one of: {allowed}"]
-    atype = ActionType(raw_type)
     violations = [f"unknown key {k!r}" for k in obj if k not in ALLOWED_KEYS[atype]]
     if atype is ActionType.CALL_TOOL:
         call = obj.get("tool_call")
@@ -218,6 +219,8 @@ class ActionDecoder:
             self._fail(f"invalid JSON: {self._json.error}")
         elif self._phase in (_LEAD, _FENCE_OPEN, _FENCE_LANG, _AFTER_FENCE):
             self._fail("the action block holds no JSON object")
+        elif self._phase == _FENCE_CLOSE and self._ticks == 3:
+            self._phase = _DONE  # the closing fence was the last thing in the block
         elif self._phase == _FENCE_CLOSE or (self._phase == _TRAIL and self._fenced):
             self._fail("the ``` fence is not closed")
 
@@ -236,13 +239,15 @@ class ActionDecoder:
         while pos < n and text[pos] == "`":
             self._ticks += 1
             pos += 1
+        # The run ends only at a non-tick character: a fourth tick may still come in the next
+        # delta, and the verdict must not depend on where the deltas were cut (SPEC §2).
         if self._ticks > 3:
             self._fail("a fence is exactly three backticks")
-            return pos
-        if self._ticks == 3:
-            self._phase = then
-        elif pos < n:  # a non-tick character before the third tick
-            self._fail("a fence is exactly three backticks")
+        elif pos < n:
+            if self._ticks == 3:
+                self._phase = then
+            else:
+                self._fail("a fence is exactly three backticks")
         return pos
 
     def _fail(self, message: str) -> None:
@@ -257,8 +262,8 @@ class ActionDecoder:
 
     def _on_value(self, path: Path, value: Any) -> None:
         if path == ("action",):
-            if isinstance(value, str) and value in ActionType.__members__.values():
-                self.action_type = ActionType(value)
+            if isinstance(value, str) and value in _ACTION_TYPES:
+                self.action_type = _ACTION_TYPES[value]
         elif path == ("tool_call", "tool_id") and isinstance(value, str):
             self.tool_id = value
         else:

@@ -66,6 +66,7 @@ _OPEN_TAG = re.compile(r"<channel:([a-z_]{1,32})>")
 _TAG_PREFIX_MAX: Final = len("</channel:") + 32 + 1
 _WS = re.compile(r"[ \t\n\r]*")
 _TEXT_CHANNELS: Final = frozenset({Channel.THINKING, Channel.CODE, Channel.SUMMARY})
+_CHANNELS: Final = {c.value: c for c in Channel}  # by tag name; a dict lookup, not Channel(name), per delta
 
 
 def _close_tag(channel: str) -> str:
@@ -125,7 +126,8 @@ class ChannelParser:
             else:
                 self._text(held, events)
         if self._block is not None:
-            events.append(ChannelViolation(f"block <channel:{self._block}> was not closed"))
+            name = self._block.removeprefix("ignored:")  # the model wrote the bare name
+            events.append(ChannelViolation(f"block <channel:{name}> was not closed"))
             if self._block == Channel.ACTION:
                 self.actions[-1].finish()
                 self._collect(self.actions[-1], len(self.actions) - 1, events)
@@ -158,10 +160,10 @@ class ChannelParser:
         self._block, self._close = name, _close_tag(name)
         count = self._seen.get(name, 0)
         self._seen[name] = count + 1
-        if name not in Channel.__members__.values():
+        channel = _CHANNELS.get(name)
+        if channel is None:
             events.append(ChannelViolation(f"unknown channel <channel:{name}>"))
             return
-        channel = Channel(name)
         problem = self._order_problem(channel, count)
         if problem:
             events.append(ChannelViolation(problem))
@@ -215,7 +217,7 @@ class ChannelParser:
             self.summary.append(chunk)
         else:
             return  # an unknown or ignored block: swallowed
-        events.append(BlockText(Channel(block), chunk))
+        events.append(BlockText(_CHANNELS[block], chunk))
 
     def _in_action(self, text: str, pos: int, events: list[ParserEvent]) -> int:
         index = len(self.actions) - 1
@@ -256,6 +258,6 @@ class ChannelParser:
         block = self._block
         self._block = None
         if block in _TEXT_CHANNELS:
-            events.append(BlockClosed(Channel(block), 0))
+            events.append(BlockClosed(_CHANNELS[block], 0))
         elif block == Channel.ACTION:
             events.append(BlockClosed(Channel.ACTION, len(self.actions) - 1))

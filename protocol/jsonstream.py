@@ -21,12 +21,21 @@ OnValue = Callable[[Path, Any], None]
 
 MAX_DEPTH: Final = 32
 
-_STRING_RUN = re.compile(r'[^"\\\x00-\x1f]+')
+# A run of plain characters and two-character escapes; `\u` escapes take the slow path.
+_STRING_RUN = re.compile(r'(?:[^"\\\x00-\x1f]+|\\["\\/bfnrt])+')
+_SIMPLE_ESCAPE = re.compile(r"\\(.)")
+_U_ESCAPE = re.compile(r"\\u[0-9a-fA-F]{4}")
+_U_PAIR = re.compile(r"\\u[0-9a-fA-F]{4}\\u[0-9a-fA-F]{4}")
 _WS = re.compile(r"[ \t\n\r]*")
 _NUMBER_CHARS = re.compile(r"[-+0-9.eE]*")
 _NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?\Z")
 _LITERALS: Final = {"true": True, "false": False, "null": None}
 _ESCAPES: Final = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+
+
+def _unescape(m: re.Match[str]) -> str:
+    return _ESCAPES[m.group(1)]
+
 
 # Parser states.
 _VALUE, _STRING, _NUMBER_S, _LITERAL, _KEY_OR_END, _KEY, _COLON, _AFTER, _DONE, _ERROR = range(10)
@@ -200,36 +209,48 @@ class JsonStream:
         return pos
 
     def _feed_string(self, text: str, pos: int) -> int:
+        # Hot path: a long final_answer streams through here. Runs of plain characters and
+        # two-character escapes are taken by one regex match; the decoded pieces of this call are
+        # reported once, at its end (the same characters, in fewer callbacks).
         n = len(text)
-        on_chars = None if self._is_key else self._on_chars
+        pieces: list[str] = []
         while pos < n:
             if self._esc:
-                pos = self._feed_escape(text, pos, on_chars)
+                pos = self._feed_escape(text, pos, pieces)
                 if self._state != _STRING:
-                    return pos
+                    break
                 continue
             m = _STRING_RUN.match(text, pos)
             if m is not None:
                 run = m.group()
-                self._chunks.append(run)
-                if on_chars is not None:
-                    on_chars(tuple(self._path), run)
+                pieces.append(_SIMPLE_ESCAPE.sub(_unescape, run) if "\\" in run else run)
                 pos = m.end()
                 continue
             ch = text[pos]
             if ch == '"':
+                self._report(pieces)
                 self._end_string()
                 return pos + 1
             if ch == "\\":
                 self._esc = "\\"
                 pos += 1
                 continue
+            self._report(pieces)
             self._fail("control character in string")
             return pos
+        self._report(pieces)
         return pos
 
-    def _feed_escape(self, text: str, pos: int, on_chars: OnChars | None) -> int:
-        # self._esc holds the escape read so far ("\\", "\\u12", or "\\uD83D\\uDE" for a surrogate pair).
+    def _report(self, pieces: list[str]) -> None:
+        if not pieces:
+            return
+        self._chunks += pieces
+        if self._on_chars is not None and not self._is_key:
+            self._on_chars(tuple(self._path), "".join(pieces))
+
+    def _feed_escape(self, text: str, pos: int, pieces: list[str]) -> int:
+        """An escape the run regex did not take: a \\u escape, or one cut by a delta boundary.
+        self._esc holds the escape read so far ("\\", "\\u12", or "\\uD83D\\uDE" for a surrogate pair)."""
         n = len(text)
         while pos < n:
             esc = self._esc
@@ -243,9 +264,10 @@ class JsonStream:
                 if decoded is None:
                     self._fail("invalid escape in string")
                     return pos
-                self._emit_decoded(decoded, on_chars)
+                self._esc = ""
+                pieces.append(decoded)
                 return pos + 1
-            need = 6 if len(esc) <= 6 else 12
+            need = 6 if len(esc) < 6 else 12  # 12: a high surrogate waits for its low half
             take = min(need - len(esc), n - pos)
             esc += text[pos : pos + take]
             pos += take
@@ -253,31 +275,27 @@ class JsonStream:
             if len(esc) < need:
                 return pos
             if need == 6:
-                if not re.fullmatch(r"\\u[0-9a-fA-F]{4}", esc):
+                if not _U_ESCAPE.fullmatch(esc):
                     self._fail("invalid \\u escape in string")
                     return pos
                 code = int(esc[2:], 16)
                 if 0xD800 <= code < 0xDC00:
                     continue  # a high surrogate: wait for its low half
-                self._emit_decoded(chr(code), on_chars)
+                self._esc = ""
+                pieces.append(chr(code))
                 return pos
             # A surrogate pair: "\\uD8xx\\uDCxx".
-            if not re.fullmatch(r"\\u[0-9a-fA-F]{4}\\u[0-9a-fA-F]{4}", esc):
+            if not _U_PAIR.fullmatch(esc):
                 self._fail("invalid surrogate pair in string")
                 return pos
             hi, lo = int(esc[2:6], 16), int(esc[8:12], 16)
             if not 0xDC00 <= lo < 0xE000:
                 self._fail("invalid surrogate pair in string")
                 return pos
-            self._emit_decoded(chr(0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00)), on_chars)
+            self._esc = ""
+            pieces.append(chr(0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00)))
             return pos
         return pos
-
-    def _emit_decoded(self, decoded: str, on_chars: OnChars | None) -> None:
-        self._esc = ""
-        self._chunks.append(decoded)
-        if on_chars is not None:
-            on_chars(tuple(self._path), decoded)
 
     def _end_string(self) -> None:
         s = "".join(self._chunks)

@@ -1,0 +1,236 @@
+"""Hypothesis properties of the governed round (SPEC §2 "Delta-boundary invariance", §3.1, §3.3).
+
+Responses are generated valid and invalid: thinking with tag-like noise, one to three actions
+(tool calls with valid or invalid params, complete/exit with hostile answers), fence habits, junk
+keys, code and summary blocks, an optional preamble and an optional truncation. Each response is
+played whole and in two random chunkings.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from actors.gates import GateStatus
+from actors.round import AnswerDelta, RoundEngine, RoundEvent, RoundResult
+from protocol.notices import NoticeCode
+from protocol.prefix import PREVIEW_CHARS
+from tests.roundkit import merged, rules
+
+# ROUND_PROPERTY_EXAMPLES=5000 for a longer hunt; the default keeps the file to a few seconds.
+PROPERTY_SETTINGS = settings(
+    max_examples=int(os.environ.get("ROUND_PROPERTY_EXAMPLES", "250")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+# -- generating responses ------------------------------------------------------------------------
+
+TAG_NOISE = ["<", ">", "</", "<channel:", "</channel:action>", "<channel:action>", "</channel:thinkin",
+             "```", "```json", "\\", '"', "{", "}", "é", "😀", " ", "\n"]
+ANSWER_NOISE = ['"', "\\", "\\n", "</channel:action>", "<channel:thinking>", "```json\n", "```", "é", "😀",
+                "\u2028", "\x00", "\t", "{", "}", "<", "`"]
+FENCES = [("", ""), ("```json\n", "\n```"), ("```json", "```"), ("```JSON\n", "\n```"), ("```\n", "\n```"),
+          ("```", "```"), ("  \n```json  \n", "   \n  ```  \n"), ("```python\n", "\n```"), ("``", "``")]
+
+plain_text = st.text(st.characters(codec="utf-8", exclude_characters="<"), max_size=12)
+noisy_text = st.lists(st.one_of(plain_text, st.sampled_from(TAG_NOISE)), max_size=6).map("".join)
+answers = st.lists(st.one_of(plain_text, st.sampled_from(ANSWER_NOISE)), max_size=8).map("".join)
+
+VALID_PARAMS: dict[str, list[dict[str, Any]]] = {
+    "demo.search": [{"query": "paris weather"}],
+    "demo.weather": [{"city": "Paris"}],
+    "demo.render": [{"source": "q3", "format": "pdf"}, {"source": "q3", "format": "pptx"}],
+    "demo.write_note": [{"text": "remember"}],
+    "demo.clock": [{}],
+    "demo.eval": [{}],
+    "react.ask_user": [{"question": "Which city?", "options": ["Paris", "Rome"]}],
+    "demo.nonexistent": [{}],
+}
+INVALID_PARAMS = [{"limit": "many"}, {"query": 3}, {"format": "docx"}, {"": None}]
+
+
+def sometimes(draw: st.DrawFn, odds: int) -> bool:
+    """True about once in `odds` draws: keeps most generated responses valid enough to stream."""
+    return draw(st.integers(1, odds)) == 1
+
+
+@st.composite
+def call_tool_objects(draw: st.DrawFn) -> dict[str, Any]:
+    tool_id = draw(st.sampled_from(sorted(VALID_PARAMS)))
+    params = draw(st.sampled_from(INVALID_PARAMS if sometimes(draw, 4) else VALID_PARAMS[tool_id]))
+    obj: dict[str, Any] = {"action": "call_tool", "tool_call": {"tool_id": tool_id, "params": params}}
+    if sometimes(draw, 3):
+        obj["final_answer"] = draw(answers)  # tolerated on call_tool, never shown
+    return obj
+
+
+@st.composite
+def finish_objects(draw: st.DrawFn) -> dict[str, Any]:
+    obj: dict[str, Any] = {"action": draw(st.sampled_from(["complete", "exit"])), "final_answer": draw(answers)}
+    if obj["action"] == "exit" and draw(st.booleans()):
+        obj["reason"] = draw(answers)
+    return obj
+
+
+@st.composite
+def action_blocks(draw: st.DrawFn) -> str:
+    obj = draw(st.one_of(call_tool_objects(), finish_objects()))
+    if sometimes(draw, 6):
+        obj[draw(st.sampled_from(["confidence", "note", "tool_id"]))] = draw(st.sampled_from([1, "x", None]))
+    keys = draw(st.permutations(list(obj)))
+    body = json.dumps({k: obj[k] for k in keys}, ensure_ascii=draw(st.booleans()))
+    if sometimes(draw, 8):
+        body = body[: draw(st.integers(0, len(body)))]  # malformed: cut inside the JSON
+    opener, closer = draw(st.sampled_from(FENCES if sometimes(draw, 4) else FENCES[:-2]))
+    return f"<channel:action>{opener}{body}{closer}</channel:action>"
+
+
+@st.composite
+def responses(draw: st.DrawFn) -> str:
+    parts = []
+    preamble = draw(st.sampled_from(["  \n", "Sure! ", "<chan", "<channel:thinkin g>"])) if sometimes(draw, 8) else ""
+    parts.append(preamble + f"<channel:thinking>{draw(noisy_text)}</channel:thinking>")
+    for _ in range(draw(st.integers(1, 3))):
+        parts.append(draw(st.sampled_from(["", "\n", " \t"])) + draw(action_blocks()))
+    if sometimes(draw, 4):
+        parts.append(f"<channel:code>{draw(st.sampled_from(['1 + 2', '(3 * 4) </channel:action> 5', '<x>']))}"
+                     "</channel:code>")
+    if sometimes(draw, 4):
+        parts.append(f"<channel:summary>{draw(noisy_text)}</channel:summary>")
+    if sometimes(draw, 12):
+        parts.append(draw(st.sampled_from(["junk", "<channel:thinking>again</channel:thinking>", "<"])))
+    text = "".join(parts)
+    if sometimes(draw, 6):
+        text = text[: draw(st.integers(0, len(text)))]  # truncated at a random point
+    return text
+
+
+@st.composite
+def chunkings(draw: st.DrawFn, text: str) -> list[str]:
+    if not text:
+        return [""]
+    cuts = sorted(draw(st.sets(st.integers(1, max(1, len(text) - 1)), max_size=min(len(text), 40))))
+    if draw(st.booleans()):
+        cuts = list(range(1, len(text)))  # one character per delta
+    bounds = [0, *cuts, len(text)]
+    return [text[a:b] for a, b in itertools.pairwise(bounds) if b > a]
+
+
+round_rules = st.builds(
+    lambda finish_legal, mode, max_actions, confirm: rules(
+        finish_legal=finish_legal, finish_illegal_reason="no observation yet", mode=mode,
+        max_actions=max_actions, confirmation_required=confirm,
+    ),
+    st.booleans(),
+    st.sampled_from(["agent", "ask"]),
+    st.sampled_from([2, 2, 1, 3]),
+    st.integers(1, 8).map(lambda n: n == 1),
+)
+
+# -- playing them --------------------------------------------------------------------------------
+
+
+@dataclass
+class Played:
+    events: list[RoundEvent]
+    result: RoundResult
+    engine: RoundEngine
+
+    def comparable(self) -> dict[str, Any]:
+        """Everything a client or the model could observe, except the preamble preview (below)."""
+        r = self.result
+        notices = [n.to_dict() for n in r.notices]
+        for n in notices:
+            if n["code"] == NoticeCode.PREAMBLE:
+                n["message"] = n["message"].split("Received:")[0]
+        return {
+            "events": merged(self.events),
+            "outcome": r.outcome,
+            "streamed_state": r.streamed_state,
+            "accepted": r.accepted,
+            "denied": r.denied,
+            "notices": notices,
+            "calls": r.calls,
+            "final": r.final,
+            "thinking": r.thinking,
+            "summary": r.summary,
+        }
+
+
+def play(deltas: list[str], round_rules: Any) -> Played:
+    engine = RoundEngine(round_rules, call_id_prefix="c1.")
+    events: list[RoundEvent] = []
+    for delta in deltas:
+        events += engine.feed(delta)
+        if engine.aborted:
+            break
+    tail, result = engine.finish()
+    return Played(events + tail, result, engine)
+
+
+def decoded_answer(played: Played, index: int) -> str:
+    # The ActionDecoder's own decoded final_answer: the one decoder both layers read (SPEC §2).
+    return played.engine._parser.actions[index].answer_so_far()
+
+
+# -- the properties ------------------------------------------------------------------------------
+
+
+@PROPERTY_SETTINGS
+@given(data=st.data(), text=responses(), round_rules=round_rules)
+def test_delta_boundary_invariance(data: st.DataObject, text: str, round_rules: Any) -> None:
+    whole = play([text], round_rules)
+    first = play(data.draw(chunkings(text), label="first"), round_rules)
+    second = play(data.draw(chunkings(text), label="second"), round_rules)
+    assert first.comparable() == whole.comparable()
+    assert second.comparable() == whole.comparable()
+
+
+@PROPERTY_SETTINGS
+@given(data=st.data(), text=responses(), round_rules=round_rules)
+def test_preamble_preview_is_received_text_capped(data: st.DataObject, text: str, round_rules: Any) -> None:
+    # The preview is the one chunk-dependent part of a notice: it quotes what was received up to the
+    # delta that broke the prefix, and where the provider stream was cut depends on the deltas.
+    played = play(data.draw(chunkings(text)), round_rules)
+    for notice in played.result.notices:
+        if notice.code is NoticeCode.PREAMBLE:
+            preview = notice.message.split("Received: ", 1)[1]
+            received = ast.literal_eval(preview)  # the engine quotes it with repr()
+            assert len(received) <= PREVIEW_CHARS
+            assert text.lstrip().startswith(received)
+
+
+@PROPERTY_SETTINGS
+@given(data=st.data(), text=responses(), round_rules=round_rules)
+def test_denied_lane_emits_nothing(data: st.DataObject, text: str, round_rules: Any) -> None:
+    played = play(data.draw(chunkings(text)), round_rules)
+    denied = {lane["index"] for lane in played.result.streamed_state["lanes"] if lane["status"] == GateStatus.DENIED}
+    for lane in played.result.streamed_state["lanes"]:
+        if lane["index"] in denied:
+            assert lane["emitted_chars"] == 0
+    assert not [e for e in played.events if isinstance(e, AnswerDelta) and e.index in denied]
+
+
+@PROPERTY_SETTINGS
+@given(data=st.data(), text=responses(), round_rules=round_rules)
+def test_streamed_answer_is_prefix_of_decoded_final_answer(data: st.DataObject, text: str, round_rules: Any) -> None:
+    played = play(data.draw(chunkings(text)), round_rules)
+    streamed: dict[int, str] = {}
+    for e in played.events:
+        if isinstance(e, AnswerDelta):
+            streamed[e.index] = streamed.get(e.index, "") + e.text
+    for index, shown in streamed.items():
+        assert decoded_answer(played, index).startswith(shown)
+    state = played.result.streamed_state
+    assert state["answer_text"] == "".join(streamed[i] for i in sorted(streamed))
+    assert state["answer_streamed"] == bool(state["answer_text"])
+    if played.result.final is not None:
+        assert played.result.final.final_answer == state["answer_text"]
