@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, NamedTuple
+from typing import Any
 
 from actors.catalog import ASK_USER_TOOL, ToolCall, Trait
 from actors.gates import (
@@ -44,16 +44,19 @@ from protocol.prefix import PrefixPolicy
 # -- what a client may see, as the round streams -------------------------------------------------
 
 
-class ThinkingDelta(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class ThinkingDelta:
     text: str
 
 
-class AnswerDelta(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class AnswerDelta:
     index: int
     text: str
 
 
-class ToolCallReady(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class ToolCallReady:
     """An allowed call_tool whose JSON is complete and valid: its `tool.call` may be sent."""
 
     index: int
@@ -97,11 +100,6 @@ class RoundResult:
     @property
     def answer_text(self) -> str:
         return str(self.streamed_state["answer_text"])
-
-
-class _Lane(NamedTuple):
-    gate: Gate
-    decoder_index: int
 
 
 class RoundEngine:
@@ -285,7 +283,7 @@ class RoundEngine:
             notice = Notice(
                 code=NoticeCode.PREAMBLE,
                 message="the response must start with <channel:thinking>; it was stopped at the first "
-                "character that made that impossible. Received: " + repr(self._prefix.preview()),
+                "character that made that impossible. It began: " + repr(self._prefix.preview()),
             )
             return out, self._result(Outcome.RETRY, [notice], preamble=True)
         # What a cut (provider error, crash) leaves unfinished is not the model's mistake: the

@@ -39,5 +39,11 @@ class PrefixPolicy:
         return False
 
     def preview(self) -> str:
-        """At most PREVIEW_CHARS of what was received, for the notice."""
-        return self._head[:PREVIEW_CHARS]
+        """The response up to and including the first character that made the opening impossible
+        (at most PREVIEW_CHARS). It ends where the text went wrong, not where a delta happened to
+        end, so the notice is the same however the response was chunked (SPEC §2)."""
+        head = self._head
+        if not self.violated:
+            return head[:PREVIEW_CHARS]
+        mismatch = next((i for i, (a, b) in enumerate(zip(head, OPENING, strict=False)) if a != b), len(OPENING))
+        return head[: mismatch + 1][:PREVIEW_CHARS]

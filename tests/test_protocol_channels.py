@@ -227,7 +227,8 @@ def test_preamble_other_channel_first_rejected() -> None:
     assert admit_all(["<channel:action>"]) == [False]
 
 
-def test_preamble_preview_is_capped() -> None:
+def test_preamble_preview_ends_at_the_first_impossible_character() -> None:
     policy = PrefixPolicy()
-    policy.admit("  " + "y" * 500)
-    assert policy.preview() == "y" * PREVIEW_CHARS
+    policy.admit("  <channel:thinkXng>" + "y" * 500)
+    assert policy.preview() == "<channel:thinkX"
+    assert len(policy.preview()) <= PREVIEW_CHARS

@@ -73,10 +73,12 @@ def test_incident_3_preamble_aborts_at_first_impossible_delta() -> None:
     assert result.streamed_state["lanes"] == [] and result.calls == []
 
 
-def test_incident_3_preview_is_at_most_200_chars() -> None:
-    _, result = play(["x" * 1000 + PREAMBLE])
-    message = result.notices[0].message
-    assert "x" * 200 in message and "x" * 201 not in message
+@pytest.mark.parametrize("deltas", [[PREAMBLE], ["S", "ure! <channel:thinking>"], ["x" * 1000 + PREAMBLE]])
+def test_incident_3_preview_is_the_same_for_any_chunking_and_at_most_200_chars(deltas: list[str]) -> None:
+    _, result = play(deltas)
+    preview = result.notices[0].message.split("It began: ", 1)[1]
+    expected = "'x'" if deltas[0].startswith("x") else "'S'"
+    assert preview == expected and len(preview) <= 200
 
 
 # 4. An exploration tool and complete in one round.

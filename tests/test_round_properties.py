@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from actors.gates import GateStatus
 from actors.round import AnswerDelta, RoundEngine, RoundEvent, RoundResult
 from protocol.notices import NoticeCode
-from protocol.prefix import PREVIEW_CHARS
+from protocol.prefix import OPENING, PREVIEW_CHARS
 from tests.roundkit import merged, rules
 
 # ROUND_PROPERTY_EXAMPLES=5000 for a longer hunt; the default keeps the file to a few seconds.
@@ -145,12 +145,9 @@ class Played:
     engine: RoundEngine
 
     def comparable(self) -> dict[str, Any]:
-        """Everything a client or the model could observe, except the preamble preview (below)."""
+        """Everything a client or the model could observe."""
         r = self.result
         notices = [n.to_dict() for n in r.notices]
-        for n in notices:
-            if n["code"] == NoticeCode.PREAMBLE:
-                n["message"] = n["message"].split("Received:")[0]
         return {
             "events": merged(self.events),
             "outcome": r.outcome,
@@ -196,16 +193,16 @@ def test_delta_boundary_invariance(data: st.DataObject, text: str, round_rules: 
 
 @PROPERTY_SETTINGS
 @given(data=st.data(), text=responses(), round_rules=round_rules)
-def test_preamble_preview_is_received_text_capped(data: st.DataObject, text: str, round_rules: Any) -> None:
-    # The preview is the one chunk-dependent part of a notice: it quotes what was received up to the
-    # delta that broke the prefix, and where the provider stream was cut depends on the deltas.
+def test_preamble_preview_ends_at_the_first_impossible_character(
+    data: st.DataObject, text: str, round_rules: Any
+) -> None:
     played = play(data.draw(chunkings(text)), round_rules)
     for notice in played.result.notices:
         if notice.code is NoticeCode.PREAMBLE:
-            preview = notice.message.split("Received: ", 1)[1]
-            received = ast.literal_eval(preview)  # the engine quotes it with repr()
-            assert len(received) <= PREVIEW_CHARS
-            assert text.lstrip().startswith(received)
+            preview = ast.literal_eval(notice.message.split("It began: ", 1)[1])  # quoted with repr()
+            assert 0 < len(preview) <= PREVIEW_CHARS
+            assert text.lstrip().startswith(preview)
+            assert OPENING.startswith(preview[:-1]) and not OPENING.startswith(preview)
 
 
 @PROPERTY_SETTINGS
