@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from actors.profile import AgentProfile, demo_profile
 from actors.tools.demo import demo_registry, fixed_clock
 from actors.tools.executor import LocalToolExecutor
 from protocol.events import Event
+from tests.roundkit import action, call, complete, text_round, thinking
 
 TIMEOUT_S = 20.0
 _names = itertools.count(1)
@@ -33,25 +33,14 @@ _names = itertools.count(1)
 # -- script building --------------------------------------------------------------------------
 
 
-def thinking(text: str = "Working on it.") -> str:
-    return f"<channel:thinking>{text}</channel:thinking>"
 
 
-def action(obj: Mapping[str, Any]) -> str:
-    return f"<channel:action>```json\n{json.dumps(obj, ensure_ascii=False)}\n```</channel:action>"
 
 
-def call(tool_id: str, **params: Any) -> dict[str, Any]:
-    return {"action": "call_tool", "tool_call": {"tool_id": tool_id, "params": params}}
 
 
-def complete(answer: str) -> dict[str, Any]:
-    return {"action": "complete", "final_answer": answer}
 
 
-def text_round(*parts: str, **round_fields: Any) -> dict[str, Any]:
-    """A script round streaming the concatenated parts (`chunk_chars`, `delay_ms`, … as given)."""
-    return {"text": "".join(parts), **round_fields}
 
 
 def tool_round(tool_id: str, *, say: str = "Calling a tool.", **params: Any) -> dict[str, Any]:

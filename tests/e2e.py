@@ -49,6 +49,7 @@ from gateway.server import GatewayServer
 from gateway.settings import Settings
 from protocol.events import Event
 from protocol.frames import SUBPROTOCOL
+from tests.roundkit import action, call, complete, text_round, thinking
 
 TIMEOUT = 20.0          # a generous bound for one condition; the tests never assert durations
 PROTO = [Subprotocol(SUBPROTOCOL)]
@@ -61,24 +62,14 @@ T = TypeVar("T")
 # -- scripts (SPEC §7) --------------------------------------------------------------------------
 
 
-def thinking(text: str = "Working on it.") -> str:
-    return f"<channel:thinking>{text}</channel:thinking>"
 
 
-def action(obj: Mapping[str, Any]) -> str:
-    return f"<channel:action>```json\n{json.dumps(obj, ensure_ascii=False)}\n```</channel:action>"
 
 
-def call(tool_id: str, **params: Any) -> dict[str, Any]:
-    return {"action": "call_tool", "tool_call": {"tool_id": tool_id, "params": params}}
 
 
-def complete(answer: str) -> dict[str, Any]:
-    return {"action": "complete", "final_answer": answer}
 
 
-def text_round(*parts: str, **fields: Any) -> dict[str, Any]:
-    return {"text": "".join(parts), **fields}
 
 
 def script(*rounds: Mapping[str, Any], loop: bool = False) -> dict[str, Any]:

@@ -29,7 +29,7 @@ def thinking(text: str = "Working on it.") -> str:
 
 
 def action(obj: Mapping[str, Any] | str, opener: str = "```json\n", closer: str = "\n```") -> str:
-    body = obj if isinstance(obj, str) else json.dumps(obj)
+    body = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)
     return f"<channel:action>{opener}{body}{closer}</channel:action>"
 
 
@@ -39,6 +39,11 @@ def call(tool_id: str, **params: Any) -> dict[str, Any]:
 
 def complete(answer: str) -> dict[str, Any]:
     return {"action": "complete", "final_answer": answer}
+
+
+def text_round(*parts: str, **round_fields: Any) -> dict[str, Any]:
+    """A scripted-model round (SPEC §7) streaming the concatenated parts (`chunk_chars`, `delay_ms`, …)."""
+    return {"text": "".join(parts), **round_fields}
 
 
 def chunks(text: str, size: int) -> list[str]:

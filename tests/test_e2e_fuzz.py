@@ -17,34 +17,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed
 
-from protocol.frames import CLIENT_FRAME_TYPES, CloseCode
+from protocol.frames import CloseCode
 from tests.e2e import Client, as_frames, check_log, comparable, local_server, slow_answer_script
+from tests.frame_strategies import fields, json_values, scalars
 
 MAX_FRAME = 4096
 # What a hostile but authenticated client may provoke; never `internal`.
 EXPECTED_CODES = {"bad_request", "forbidden", "not_found", "overloaded"}
 TARGET = "@@live-conversation@@"  # replaced by the live conversation's id (longer than any generated text)
 
-scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12)
-json_values = st.recursive(
-    scalars, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=8), c, max_size=3), max_leaves=10
-)
 not_a_string = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.lists(scalars, max_size=2)
-fields = st.fixed_dictionaries(
-    {},
-    optional={
-        "type": st.sampled_from([*CLIENT_FRAME_TYPES, "nope", ""]) | json_values,
-        "id": st.text(min_size=1, max_size=8) | json_values,
-        "conversation_id": st.text(max_size=8) | json_values,
-        "text": st.text(max_size=8) | json_values,
-        "after_seq": st.integers() | json_values,
-        "mode": st.sampled_from(["agent", "ask", "god"]) | json_values,
-        "agent": st.sampled_from(["demo", "nobody"]) | json_values,
-        "ask_id": json_values,
-        "answer": json_values,
-        "surprise": json_values,
-    },
-)
 # Frames naming the live conversation, each invalid by construction: they must never touch it.
 aimed = st.one_of(
     st.builds(lambda text: {"type": "user_message", "id": "x", "conversation_id": TARGET, "text": text},

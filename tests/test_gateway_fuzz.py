@@ -13,32 +13,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed
 
-from protocol.frames import CLIENT_FRAME_TYPES, CloseCode, ErrorCode
+from protocol.frames import CloseCode, ErrorCode
+from tests.frame_strategies import fields, json_values
 from tests.gateway_harness import Client, Harness, running
 
 MAX_FRAME = 4096
 # Codes a hostile but authenticated client may legitimately provoke; never `internal`.
 EXPECTED_CODES = {ErrorCode.BAD_REQUEST, ErrorCode.FORBIDDEN, ErrorCode.NOT_FOUND, ErrorCode.OVERLOADED}
 
-scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12)
-json_values = st.recursive(
-    scalars, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=8), c, max_size=3), max_leaves=10
-)
-fields = st.fixed_dictionaries(
-    {},
-    optional={
-        "type": st.sampled_from([*CLIENT_FRAME_TYPES, "nope", ""]) | json_values,
-        "id": st.text(min_size=1, max_size=8) | json_values,
-        "conversation_id": st.text(max_size=8) | json_values,
-        "text": st.text(max_size=8) | json_values,
-        "after_seq": st.integers() | json_values,
-        "mode": st.sampled_from(["agent", "ask", "god"]) | json_values,
-        "agent": st.sampled_from(["demo", "nobody"]) | json_values,
-        "ask_id": json_values,
-        "answer": json_values,
-        "surprise": json_values,
-    },
-)
 
 
 def deep(depth: int) -> str:
