@@ -27,19 +27,25 @@ class NoLiveHost(Exception):
 
 class PlacementTable:
     def __init__(self) -> None:
-        self.live: set[str] = set()
+        self.live: set[str] = set()          # sharded hosts: the pool rendezvous hashing picks from
+        self.dedicated: set[str] = set()     # one-conversation hosts: never picked for another
         self.assigned: dict[str, str] = {}   # conversation id → host holding its single activation
         self.epoch = 0                       # bumped on every membership change
 
-    def add_host(self, host: str) -> None:
-        if host not in self.live:
-            self.live.add(host)
+    def add_host(self, host: str, *, dedicated: bool = False) -> None:
+        pool = self.dedicated if dedicated else self.live
+        if host not in pool:
+            pool.add(host)
             self.epoch += 1
+
+    def alive(self, host: str) -> bool:
+        return host in self.live or host in self.dedicated
 
     def host_failed(self, host: str) -> list[str]:
         """Mark a host dead; returns the conversations it held (they re-place on next use)."""
-        if host in self.live:
+        if self.alive(host):
             self.live.discard(host)
+            self.dedicated.discard(host)
             self.epoch += 1
         moved = [cid for cid, h in self.assigned.items() if h == host]
         for cid in moved:
@@ -48,7 +54,7 @@ class PlacementTable:
 
     def place(self, conversation_id: str) -> str:
         host = self.assigned.get(conversation_id)
-        if host is not None and host in self.live:
+        if host is not None and self.alive(host):
             return host
         if not self.live:
             raise NoLiveHost("no live conversation host")
@@ -56,13 +62,13 @@ class PlacementTable:
         self.assigned[conversation_id] = host
         return host
 
-    def claim(self, conversation_id: str, host: str) -> str:
+    def claim(self, conversation_id: str, host: str, *, dedicated: bool = False) -> str:
         """A host is about to activate a conversation: grant it unless another live host holds it.
         Returns the host that holds the (single) activation."""
         current = self.assigned.get(conversation_id)
-        if current is not None and current in self.live:
+        if current is not None and self.alive(current):
             return current
-        self.add_host(host)
+        self.add_host(host, dedicated=dedicated)
         self.assigned[conversation_id] = host
         return host
 

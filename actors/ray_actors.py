@@ -61,6 +61,10 @@ def _register_scripts(config: ClusterConfig) -> None:
         register_script(name, Path(path))
 
 
+def _is_dedicated(host: str) -> bool:
+    return host.startswith(DEDICATED_PREFIX)
+
+
 class WrongHost(Exception):
     """Another live host holds this conversation's activation; route there."""
 
@@ -82,7 +86,7 @@ class Directory:
 
     def register_host(self, name: str, incarnation: str) -> None:
         self.incarnations[name] = incarnation
-        self.table.add_host(name)
+        self.table.add_host(name, dedicated=_is_dedicated(name))
 
     def host_failed(self, name: str, incarnation: str) -> list[str]:
         if self.incarnations.get(name) != incarnation:
@@ -94,7 +98,7 @@ class Directory:
         return self.table.place(conversation_id)
 
     def claim(self, conversation_id: str, host: str) -> str:
-        return self.table.claim(conversation_id, host)
+        return self.table.claim(conversation_id, host, dedicated=_is_dedicated(host))
 
     def release(self, conversation_id: str, host: str) -> None:
         self.table.release(conversation_id, host)
@@ -128,9 +132,18 @@ class Directory:
             ConversationHost.options(  # type: ignore[attr-defined]
                 name=name, namespace=NAMESPACE, lifetime="detached", num_cpus=0,
             ).remote(name, config)
-        self.table.add_host(name)
+        self.table.add_host(name, dedicated=True)
         self.table.assigned[conversation_id] = name
         return name
+
+    def retire(self, name: str) -> None:
+        """A dedicated host whose conversation was passivated: its process goes away (~90 MB)."""
+        if not _is_dedicated(name):
+            return
+        self.table.host_failed(name)
+        self.incarnations.pop(name, None)
+        with contextlib.suppress(ValueError):
+            ray.kill(ray.get_actor(name, namespace=NAMESPACE))
 
 
 # -- ConversationHost ----------------------------------------------------------------------------
@@ -150,6 +163,7 @@ class ConversationHost:
         self._wakeups: dict[str, asyncio.Event] = {}
         self._watches: dict[tuple[str, str], Any] = {}    # (gateway, conversation) → unsubscribe
         self._last_poll: dict[str, float] = {}
+        self._retire = False
         self._directory = ray.get_actor(DIRECTORY_NAME, namespace=NAMESPACE)
         self._directory.register_host.remote(name, self.incarnation)
 
@@ -187,11 +201,16 @@ class ConversationHost:
 
     async def _release(self, conversation_id: str) -> None:
         await self._directory.release.remote(conversation_id, self.name)
+        if _is_dedicated(self.name):
+            self._retire = True  # the heartbeat asks the Directory to end this process, outside any call
 
     async def _heartbeat(self) -> None:
         """Re-register (a restarted Directory starts empty) and forget gateways that went away."""
         while True:
             await asyncio.sleep(5.0)
+            if self._retire and self._core is not None and not self._core.active_ids:
+                self._directory.retire.remote(self.name)  # a dedicated host with nothing left to host
+                return
             with contextlib.suppress(Exception):
                 await self._directory.register_host.remote(self.name, self.incarnation)
             now = time.monotonic()

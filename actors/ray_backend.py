@@ -111,6 +111,9 @@ class RayBackend:
             if address:
                 ray.init(address=address, namespace=NAMESPACE, include_dashboard=False)
             else:
+                # Ray starts workers at niceness 15; here the hosts *are* the service, and at 15 they
+                # yield to every other process on a shared node (bench/hosting_bench.py measured it).
+                os.environ.setdefault("RAY_worker_niceness", "0")
                 ray.init(num_cpus=int(os.environ.get("REACTGATE_RAY_CPUS", "2")), namespace=NAMESPACE,
                          include_dashboard=False)
             self._started_ray = True

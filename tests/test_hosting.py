@@ -6,6 +6,7 @@ Ray is real here: one local instance for the module (2 CPUs, no dashboard), shut
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 from collections.abc import AsyncIterator, Callable
@@ -32,22 +33,11 @@ from actors.tools.durable import DurableTools
 from actors.tools.executor import LocalToolExecutor
 from gateway.settings import Settings
 from protocol.events import Event
+from tests.roundkit import action, call, thinking
 
 pytestmark = pytest.mark.ray
 OWNER = Owner(tenant="acme", sub="alice")
 TIMEOUT = 90.0
-
-
-def thinking(text: str) -> str:
-    return f"<channel:thinking>{text}</channel:thinking>"
-
-
-def action(obj: dict[str, Any]) -> str:
-    return f"<channel:action>```json\n{json.dumps(obj)}\n```</channel:action>"
-
-
-def call(tool_id: str, **params: Any) -> dict[str, Any]:
-    return {"action": "call_tool", "tool_call": {"tool_id": tool_id, "params": params}}
 
 
 LONG_ANSWER = "It is raining in Paris, 12 degrees. " * 8
@@ -441,9 +431,20 @@ async def test_dedicated_placement_runs_one_named_actor_per_conversation(
         await watch.until_event("turn.completed")
         await watch.stop()
         assert contiguous(watch.events)
+        assert await _passivate(backend, second)  # a passivated dedicated host's process goes away
+
+        def gone() -> bool:
+            try:
+                ray.get_actor(f"{DEDICATED_PREFIX}{second}", namespace=NAMESPACE)
+            except ValueError:
+                return True
+            return False
+
+        await _until(lambda: _async_value(gone()), bool)
+        assert f"{DEDICATED_PREFIX}{first}" not in await backend._directory.hosts.remote()
     finally:
-        for cid in (first, second):
-            ray.kill(ray.get_actor(f"{DEDICATED_PREFIX}{cid}", namespace=NAMESPACE))
+        with contextlib.suppress(ValueError):
+            ray.kill(ray.get_actor(f"{DEDICATED_PREFIX}{first}", namespace=NAMESPACE))
         await backend.stop()
 
 

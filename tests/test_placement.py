@@ -1,0 +1,72 @@
+"""Placement: rendezvous hashing over live hosts and the single-activation table (SPEC §5)."""
+
+from __future__ import annotations
+
+import pytest
+
+from actors.placement import NoLiveHost, PlacementTable, rendezvous_pick
+
+HOSTS = ["h0", "h1", "h2"]
+CONVERSATIONS = [f"c{i}" for i in range(300)]
+
+
+def table(*hosts: str) -> PlacementTable:
+    t = PlacementTable()
+    for h in hosts:
+        t.add_host(h)
+    return t
+
+
+def test_placement_spreads_conversations_over_every_host() -> None:
+    t = table(*HOSTS)
+    load = {h: 0 for h in HOSTS}
+    for cid in CONVERSATIONS:
+        load[t.place(cid)] += 1
+    assert all(count > 50 for count in load.values())
+
+
+def test_a_host_death_moves_only_its_own_conversations() -> None:
+    t = table(*HOSTS)
+    before = {cid: t.place(cid) for cid in CONVERSATIONS}
+    moved = set(t.host_failed("h1"))
+    after = {cid: t.place(cid) for cid in CONVERSATIONS}
+    assert moved == {cid for cid, h in before.items() if h == "h1"}
+    assert all(after[cid] == before[cid] for cid in CONVERSATIONS if cid not in moved)
+    assert all(after[cid] != "h1" for cid in moved)
+
+
+def test_rendezvous_pick_does_not_depend_on_host_order() -> None:
+    assert all(rendezvous_pick(c, HOSTS) == rendezvous_pick(c, list(reversed(HOSTS))) for c in CONVERSATIONS)
+
+
+def test_claim_grants_one_activation_and_refuses_a_second_host() -> None:
+    t = table(*HOSTS)
+    assert t.claim("c", "h2") == "h2"
+    assert t.claim("c", "h0") == "h2"   # the holder, not the asker
+    assert t.place("c") == "h2"
+
+
+def test_release_lets_the_next_claim_win_anywhere() -> None:
+    t = table(*HOSTS)
+    t.claim("c", "h2")
+    t.release("c", "h2")
+    assert t.claim("c", "h0") == "h0"
+
+
+def test_a_dead_holder_loses_its_claim() -> None:
+    t = table(*HOSTS)
+    t.claim("c", "h2")
+    t.host_failed("h2")
+    assert t.claim("c", "h1") == "h1"
+
+
+def test_dedicated_hosts_are_never_placement_candidates() -> None:
+    t = table("h0")
+    t.claim("own", "conv-own", dedicated=True)
+    assert t.place("own") == "conv-own"
+    assert {t.place(cid) for cid in CONVERSATIONS} == {"h0"}
+
+
+def test_no_live_host_is_an_error() -> None:
+    with pytest.raises(NoLiveHost):
+        PlacementTable().place("c")
