@@ -61,6 +61,11 @@ def _register_scripts(config: ClusterConfig) -> None:
         register_script(name, Path(path))
 
 
+def _store_url(config: ClusterConfig) -> str:
+    """A worker's own REACTGATE_STORE wins (k8s puts the DSN there from a Secret); else the gateway's."""
+    return os.environ.get("REACTGATE_STORE") or config.store_url
+
+
 def _is_dedicated(host: str) -> bool:
     return host.startswith(DEDICATED_PREFIX)
 
@@ -181,7 +186,7 @@ class ConversationHost:
                 from actors.tools.demo import demo_registry
 
                 _register_scripts(self.config)
-                store = store_from_url(self.config.store_url)
+                store = store_from_url(_store_url(self.config))
                 await store.open()
                 pool = ray.get_actor(TOOL_POOL_NAME, namespace=NAMESPACE)
                 runtime = Runtime(registry=demo_registry(), tools=ToolPoolClient(pool), stream_model=stream_model)
@@ -351,7 +356,7 @@ class ToolPool:
                 from actors.tools.durable import DurableTools
                 from actors.tools.executor import LocalToolExecutor
 
-                store = store_from_url(self.config.store_url)
+                store = store_from_url(_store_url(self.config))
                 await store.open()
                 self._executor = LocalToolExecutor(
                     demo_registry(),

@@ -472,7 +472,7 @@ def test_server_drain_deadline_fits_the_grace_period(docs: list[dict[str, Any]])
 def test_secrets_come_only_from_secret_refs(docs: list[dict[str, Any]]) -> None:
     assert secret_problems(docs) == []
     env = env_of(gateway_container(docs))
-    assert "secretKeyRef" in env["REACTGATE_STORE_DSN"]["valueFrom"]
+    assert "secretKeyRef" in env["REACTGATE_STORE"]["valueFrom"]
     assert env["OPENAI_API_KEY"]["valueFrom"]["secretKeyRef"]["optional"] is True
     assert secret_problems(breaking(docs, lambda d: env_of(gateway_container(d))[AUTH_SECRET_ENV].update(
         value="hunter2-hunter2", valueFrom={})))
