@@ -219,6 +219,7 @@ class Conversation:
         self._answers.pop(ask_id, None)
 
     def pending_asks(self) -> list[str]:
+        """The ask_user questions waiting for an answer (the turn is paused on them)."""
         return [k for k, f in self._answers.items() if not f.done()]
 
     def log_exception(self, message: str) -> None:

@@ -30,13 +30,11 @@ class PlacementTable:
         self.live: set[str] = set()          # sharded hosts: the pool rendezvous hashing picks from
         self.dedicated: set[str] = set()     # one-conversation hosts: never picked for another
         self.assigned: dict[str, str] = {}   # conversation id → host holding its single activation
-        self.epoch = 0                       # bumped on every membership change
 
     def add_host(self, host: str, *, dedicated: bool = False) -> None:
         pool = self.dedicated if dedicated else self.live
         if host not in pool:
             pool.add(host)
-            self.epoch += 1
 
     def alive(self, host: str) -> bool:
         return host in self.live or host in self.dedicated
@@ -46,7 +44,6 @@ class PlacementTable:
         if self.alive(host):
             self.live.discard(host)
             self.dedicated.discard(host)
-            self.epoch += 1
         moved = [cid for cid, h in self.assigned.items() if h == host]
         for cid in moved:
             del self.assigned[cid]

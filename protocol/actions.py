@@ -55,7 +55,6 @@ ALLOWED_KEYS: Final[Mapping[ActionType, frozenset[str]]] = {
 TOOL_CALL_KEYS: Final = frozenset({"tool_id", "params"})
 
 # Accepted fence habits: ``` ```json ```JSON, newline after the opener or not, any whitespace.
-FENCE: Final = "```"
 FENCE_LANGS: Final = frozenset({"", "json", "JSON"})
 
 _ACTION_TYPES: Final = {t.value: t for t in ActionType}

@@ -184,7 +184,7 @@ class Harness:
         return self.conv.state.model_calls
 
     def workspace(self) -> dict[str, Any]:
-        return self.executor.export_state()["conversations"].get(self.conv.conversation_id, {}).get("workspace", {})
+        return dict(self.executor.export_conversation(self.conv.conversation_id)["workspace"])
 
     def check_invariants(self) -> None:
         """Seqs 1..N contiguous; every tool.call has exactly one tool.result (and none without a call);

@@ -3,6 +3,8 @@ literally on purpose: these are the exact bytes that once made layers disagree."
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import pytest
 
 from actors.round import Outcome
@@ -165,3 +167,21 @@ def test_incident_8_thinking_then_invalid_json_keeps_thinking_and_retries() -> N
     assert codes(result) == [NoticeCode.SCHEMA]
     text = str(result.notices[0].to_dict()).lower()
     assert "streamed" not in text and "was shown" not in text and "you answered" not in text
+
+
+async def test_run_round_drives_the_engine_from_any_async_iterator_and_closes_it() -> None:
+    from actors.round import RoundEngine, RoundEvent, run_round
+
+    closed = []
+
+    async def deltas() -> AsyncIterator[str]:
+        try:
+            for piece in chunks(UNUSUAL_FENCES["capital_JSON"], 5):
+                yield piece
+        finally:
+            closed.append(True)
+
+    seen: list[RoundEvent] = []
+    result = await run_round(deltas(), RoundEngine(rules(), call_id_prefix="c."), seen.append)
+    assert result.outcome is Outcome.FINISH and answer_text(seen) == "Paris is rainy."
+    assert closed == [True]

@@ -228,7 +228,7 @@ async def test_exploitation_after_exploration_in_one_batch_is_refused_and_not_ru
     observations = await run(ex, search(0), call("demo.write_note", {"text": "n"}, n=1))
     assert observations[0].ok
     assert observations[1].error == "incompatible_batch"
-    assert ex.export_state()["conversations"]["conv"]["workspace"] == {}
+    assert ex.export_conversation("conv")["workspace"] == {}
 
 
 async def test_exploration_after_exploitation_in_one_batch_runs() -> None:
@@ -347,10 +347,10 @@ async def test_state_round_trips_through_json() -> None:
     ex = executor()
     await run(ex, search(), conv="a")
     await run(ex, call("demo.write_note", {"text": "kept"}), conv="a")
-    state = json.loads(json.dumps(ex.export_state()))
+    state = json.loads(json.dumps(ex.export_conversation("a")))
 
     restored = executor()
-    restored.import_state(state)
+    restored.import_conversation("a", state)
     assert restored.exploration_count("a") == 1
     [obs] = await run(restored, call("demo.write_note", {"text": "more"}), conv="a")
     assert obs.payload() == {"stored": True, "count": 2}
@@ -359,5 +359,5 @@ async def test_state_round_trips_through_json() -> None:
 async def test_exported_state_is_a_copy() -> None:
     ex = executor()
     await run(ex, call("demo.write_note", {"text": "x"}))
-    ex.export_state()["conversations"]["conv"]["workspace"]["notes"].append("tampered")
-    assert ex.export_state()["conversations"]["conv"]["workspace"] == {"notes": ["x"]}
+    ex.export_conversation("conv")["workspace"]["notes"].append("tampered")
+    assert ex.export_conversation("conv")["workspace"] == {"notes": ["x"]}

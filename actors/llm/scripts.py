@@ -198,9 +198,6 @@ def register_script(name: str, script: Script | str | Path) -> str:
     return script_model(name)
 
 
-def unregister_script(name: str) -> None:
-    _registry.pop(name, None)
-
 
 def get_script(name: str) -> Script:
     script = _registry.get(name)

@@ -161,16 +161,6 @@ class LocalToolExecutor:
         self._exploration.pop(conversation_id, None)
         self._workspaces.pop(conversation_id, None)
 
-    def export_state(self) -> dict[str, Any]:
-        """Every conversation's counters and workspace, as plain JSON-able data."""
-        ids = sorted(set(self._exploration) | set(self._workspaces))
-        return {"conversations": {cid: self.export_conversation(cid) for cid in ids}}
-
-    def import_state(self, state: Mapping[str, Any]) -> None:
-        """Restore what export_state produced; conversations it names are replaced."""
-        for cid, conv in state.get("conversations", {}).items():
-            self.import_conversation(cid, conv)
-
     def _slots(self, conversation_id: str) -> _Slots:
         slots = self._conversation_slots.get(conversation_id)
         if slots is None:
