@@ -23,15 +23,16 @@ import msgspec
 
 from actors.conversation import Conversation, ConversationState, Runtime
 from actors.eventlog import EventLog
-from actors.hosting import Answer, Cancel, Command, SetMode, Steer, UserMessage
+from actors.hosting import Answer, Cancel, Command, SetMode, Steer, UnknownAsk, UserMessage
 from actors.profile import AgentProfile
 from actors.recovery import recover
-from actors.store import Store
+from actors.store import IDEMPOTENCY_TTL_S, Store
 from protocol.events import Event
 
 log = logging.getLogger("reactgate.host")
 
 Listener = Callable[[Sequence[Event]], None]
+KEY_PRUNE_INTERVAL_S = 3600.0
 
 
 class UnknownConversation(Exception):
@@ -101,8 +102,8 @@ class HostCore:
             conv.user_message(command.id, command.text)
         elif isinstance(command, Steer):
             conv.steer(command.text, command.id)
-        elif isinstance(command, Answer):
-            conv.answer(command.ask_id, command.answer)
+        elif isinstance(command, Answer) and not conv.answer(command.ask_id, command.answer):
+            raise UnknownAsk(command.ask_id)
         elif isinstance(command, SetMode):
             conv.set_mode(command.mode)
         elif isinstance(command, Cancel):
@@ -251,9 +252,16 @@ class HostCore:
 
     async def _reap_idle(self) -> None:
         interval = max(0.05, min(self.idle_ttl_s / 4, 30.0))
+        next_prune = self.clock()
         while True:
             await asyncio.sleep(interval)
             now = self.clock()
+            if now >= next_prune:  # idempotency keys live ≥ 24 h (SPEC §6), not forever
+                next_prune = now + KEY_PRUNE_INTERVAL_S
+                try:
+                    await self.store.prune_keys(now - IDEMPOTENCY_TTL_S)
+                except Exception:
+                    log.exception("pruning idempotency keys failed")
             for cid, active in list(self._active.items()):
                 if now - active.last_activity >= self.idle_ttl_s and not active.conversation.busy:
                     try:

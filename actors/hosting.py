@@ -29,6 +29,10 @@ class UnknownAgent(Exception):
     """`open` named an agent profile the server does not serve."""
 
 
+class UnknownAsk(Exception):
+    """`answer` named an ask_id with no question waiting: already answered, timed out, or never asked."""
+
+
 @dataclass(frozen=True, slots=True)
 class Opened:
     conversation_id: str

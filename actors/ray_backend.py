@@ -46,6 +46,12 @@ Listener = Callable[[Sequence[Event]], None]
 ROUTE_ATTEMPTS = 5
 
 
+def _cause(exc: RayTaskError) -> BaseException:
+    """The exception our code raised inside the actor, unwrapped from Ray's task error."""
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, Exception) else exc
+
+
 class _HostLink:
     """This gateway's batched event stream from one host."""
 
@@ -221,7 +227,9 @@ class RayBackend:
             except WrongHost as exc:  # another host holds the activation: go there
                 self._routes[conversation_id] = exc.holder
                 last = exc
-            except (RayActorError, RayTaskError) as exc:
+            except RayTaskError as exc:  # our code raised on the host (e.g. UnknownAsk): the caller's error
+                raise _cause(exc) from None
+            except RayActorError as exc:  # the host died: re-place and retry
                 link = self._links.get(name)
                 if link is not None:
                     await self._host_failed(link)
@@ -238,7 +246,9 @@ class RayBackend:
             except WrongHost as exc:
                 self._routes[conversation_id] = exc.holder
                 continue
-            except (RayActorError, RayTaskError) as exc:
+            except RayTaskError as exc:
+                raise _cause(exc) from None
+            except RayActorError as exc:
                 log.warning("watch of %s on %s failed: %r", conversation_id, name, exc)
                 link = self._links.get(name)
                 if link is not None:

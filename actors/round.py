@@ -275,8 +275,10 @@ class RoundEngine:
 
     # -- the verdict ------------------------------------------------------------------------------
 
-    def finish(self, *, cut: Notice | None = None) -> tuple[list[RoundEvent], RoundResult]:
-        """End of the stream. `cut` says why it ended early (provider error, crash), if it did."""
+    def finish(self, *, cut: Notice | None = None, interrupted: bool = False) -> tuple[list[RoundEvent], RoundResult]:
+        """End of the stream. `cut` says why it ended early (provider error, crash), if it did;
+        `interrupted`: it was stopped on purpose (a steer), which the timeline records itself."""
+        stopped = interrupted or cut is not None
         self.finished = True
         out: list[RoundEvent] = []
         if self.aborted:
@@ -292,7 +294,7 @@ class RoundEngine:
         cut_action = len(self._parser.actions) - 1 if self._parser.open_block == Channel.ACTION else None
         for event in self._parser.finish():
             self._on(event, out)
-        if cut is not None:
+        if stopped:
             del self._violations[written_violations:]
         for index in self._awaiting_code:
             self._ready.pop(index)
@@ -305,7 +307,7 @@ class RoundEngine:
         for gate in self._gates:  # still pending at the end: never typed, never shown
             if gate.status is GateStatus.PENDING:
                 self._action_closed(gate.index, out)
-        notices, valid = self._notices(cut, cut_action if cut is not None else None)
+        notices, valid = self._notices(cut, cut_action if stopped else None, stopped=stopped)
         final_gate = next((g for g in self._gates if g.shows_answer), None)
         final_action = self._parser.actions[final_gate.index].result()[0] if final_gate else None
         if final_gate is not None and valid and isinstance(final_action, Finish):
@@ -316,7 +318,9 @@ class RoundEngine:
             return out, self._result(Outcome.TOOLS, notices)
         return out, self._result(Outcome.RETRY, notices)
 
-    def _notices(self, cut: Notice | None, cut_action: int | None = None) -> tuple[list[Notice], bool]:
+    def _notices(
+        self, cut: Notice | None, cut_action: int | None = None, *, stopped: bool = False
+    ) -> tuple[list[Notice], bool]:
         """The round's notices, and whether it passed post-stream validation (SPEC §3.4): every
         block closed, every action's JSON complete and schema-valid, channels consistent. A gate's
         denial is a notice but not a validation failure."""
@@ -335,7 +339,7 @@ class RoundEngine:
             if gate.index in self._invalid:
                 notices.append(self._invalid[gate.index])
         violations = list(dict.fromkeys(self._violations))
-        if not self._gates and not self._violations and cut is None:
+        if not self._gates and not self._violations and not stopped:
             violations.append("a response needs at least one <channel:action> block")
         if self._parser.code and not any(
             (decl := self.rules.catalog.get(c.call.tool_id)) is not None and decl.uses_code
@@ -355,7 +359,7 @@ class RoundEngine:
             notices.append(cut)
         valid = (
             not violations
-            and cut is None
+            and not stopped
             and not self._invalid
             and all(d.result()[0] is not None for d in self._parser.actions)
         )

@@ -343,8 +343,8 @@ class Turn:
                 {"role": "user", "content": CONTINUE_PROMPT},
             ]
 
-    def _finish_engine(self, engine: RoundEngine, cut: Notice | None = None) -> RoundResult:
-        events, result = engine.finish(cut=cut)
+    def _finish_engine(self, engine: RoundEngine, cut: Notice | None = None, *, interrupted: bool = False) -> RoundResult:
+        events, result = engine.finish(cut=cut, interrupted=interrupted)
         for event in events:
             self._stream_event(event)
         return result
@@ -365,7 +365,7 @@ class Turn:
     def _interrupted(self, engine: RoundEngine) -> RoundResult:
         """A steer cut the generation: salvage a streamed answer, else record the steer and finalize."""
         raw = engine.raw_text()
-        result = self._finish_engine(engine)
+        result = self._finish_engine(engine, interrupted=True)  # what the steer cut is not the model's error
         cut_calls, result.calls = result.calls, []
         if engine.answer_streamed:
             result.outcome = Outcome.SALVAGE  # an answer the user saw is kept, never regenerated

@@ -48,6 +48,7 @@ from actors.hosting import (
     SetMode,
     Steer,
     UnknownAgent,
+    UnknownAsk,
     UserMessage,
 )
 from gateway.auth import Unauthorized, authenticate
@@ -303,6 +304,9 @@ class GatewayServer:
         except UnknownAgent as exc:
             agent = getattr(frame, "agent", None)
             session.error(ErrorCode.NOT_FOUND, f"unknown agent {agent!r}" if agent else str(exc), frame.id)
+        except UnknownAsk:
+            session.error(ErrorCode.NOT_FOUND, "no question is waiting for this ask_id (answered, timed out, "
+                          "or never asked)", frame.id, conversation_id)
         except ConnectionClosed:
             raise
         except Exception:

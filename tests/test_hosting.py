@@ -470,3 +470,35 @@ async def test_idle_conversation_is_passivated_after_ttl_and_reactivates_on_next
 
 async def _async_value(value: Any) -> Any:
     return value
+
+
+async def test_an_answer_to_no_waiting_question_is_refused(backend: Any) -> None:
+    from actors.hosting import UnknownAsk
+
+    cid = await _open(backend, "weather")
+    with pytest.raises(UnknownAsk):
+        await backend.command(OWNER, cid, Answer("stale", "t9.9.0", "Paris"))
+
+
+async def test_the_host_prunes_idempotency_keys_older_than_a_day() -> None:
+    from actors.host import HostCore
+    from actors.store import IDEMPOTENCY_TTL_S
+
+    class RecordingStore:
+        def __init__(self) -> None:
+            self.pruned = asyncio.Event()
+            self.older_than: float | None = None
+
+        async def prune_keys(self, older_than: float) -> int:
+            self.older_than = older_than
+            self.pruned.set()
+            return 0
+
+    store = RecordingStore()
+    core = HostCore(store, None, {}, idle_ttl_s=0.2, clock=lambda: 1_000_000.0)  # type: ignore[arg-type]
+    core.start()
+    try:
+        await asyncio.wait_for(store.pruned.wait(), 10)
+    finally:
+        await core.close()
+    assert store.older_than == 1_000_000.0 - IDEMPOTENCY_TTL_S

@@ -7,6 +7,7 @@ that proves it is in flight is published, never after a guessed sleep.
 from __future__ import annotations
 
 from protocol.notices import NoticeCode
+from protocol.timeline import NoticeBlock
 from tests.convkit import (
     action,
     answer_round,
@@ -227,3 +228,13 @@ async def test_steer_with_no_turn_running_is_a_message_of_its_own() -> None:
     assert started["user_message_id"].startswith("steer-")
     assert h.completed()[0]["reason"] == "complete"
     h.check_invariants()
+
+
+async def test_a_round_cut_by_a_steer_is_not_reported_to_the_model_as_malformed() -> None:
+    h = harness(rounds_script(SLOW_THINKING, answer_round("Paris only: rain, 12 °C.", say="Finishing.")))
+    h.when("thinking.delta", lambda e: h.conv.steer("just Paris"))
+    await h.turn("weather everywhere?")
+    first = h.rounds()[0]
+    assert first.get("steered") is True
+    assert first["notices"] == []  # the unclosed thinking block is the steer's doing, not the model's
+    assert not any(isinstance(block, NoticeBlock) for block in h.conv.state.timeline)
