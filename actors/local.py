@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from actors.conversation import Runtime
 from actors.host import HostCore
 from actors.hosting import AckStatus, Command, Forbidden, Opened, Owner, SetMode, UnknownAgent
+from actors.llm.stream import warm_up
 from actors.profile import AgentProfile
 from actors.store import Store
 from actors.subscription import replay_then_live
@@ -73,6 +74,7 @@ class LocalBackend:
 
     async def start(self) -> None:
         await self.store.open()
+        await warm_up()
         self.host.start()
 
     async def stop(self) -> None:

@@ -181,13 +181,14 @@ class ConversationHost:
             if self._core is None:
                 from actors.conversation import Runtime
                 from actors.host import HostCore
-                from actors.llm.stream import stream_model
+                from actors.llm.stream import stream_model, warm_up
                 from actors.store import store_from_url
                 from actors.tools.demo import demo_registry
 
                 _register_scripts(self.config)
                 store = store_from_url(_store_url(self.config))
                 await store.open()
+                await warm_up()
                 pool = ray.get_actor(TOOL_POOL_NAME, namespace=NAMESPACE)
                 runtime = Runtime(registry=demo_registry(), tools=ToolPoolClient(pool), stream_model=stream_model)
                 core = HostCore(

@@ -41,6 +41,32 @@ def main(argv: list[str] | None = None) -> int:
     mock.add_argument("--host", default="127.0.0.1")
     mock.add_argument("--port", type=int, default=8766)
 
+    load = sub.add_parser(
+        "loadtest",
+        help="simulated users against a gateway on this machine: latency, throughput, lost/duplicated events",
+        description="N simulated users (one connection and one conversation each) send turns back to back "
+        "for S seconds, then let their last turn finish. Prints p50/p95/p99/max of time to first delta and "
+        "delivery latency, turns/s, events/s, errors, and the counts of lost, duplicated and out-of-order "
+        "events; exits 1 unless those are 0 and every turn completed. Loopback addresses only.",
+    )
+    load.add_argument("--url", default="ws://127.0.0.1:8765/ws",
+                      help="gateway WebSocket URL; the host must be a loopback address (127.0.0.1 or [::1])")
+    load.add_argument("--conversations", type=int, default=10, metavar="N", help="concurrent users (default 10)")
+    load.add_argument("--duration", type=float, default=10.0, metavar="S",
+                      help="seconds during which users start new turns (default 10)")
+    load.add_argument("--script", metavar="F",
+                      help="the script the server plays (reactgate serve --script F): only reported, the load "
+                      "tester cannot choose the server's model")
+    load.add_argument("--reconnect-rate", type=float, default=0.0, metavar="P",
+                      help="abrupt drops per second per user (Poisson; mean 1/P s between drops), each followed "
+                      "by a reconnect that resumes after the last seen seq (default 0)")
+    load.add_argument("--report", metavar="FILE.html", help="write a self-contained HTML report with latency plots")
+    load.add_argument("--token", help="JWT (default: REACTGATE_TOKEN; argv is visible to other users)")
+    load.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
+                      help="after the duration, wait at most S seconds for the last turns (default 30)")
+    load.add_argument("--message", help="the user message every turn sends")
+    load.add_argument("--seed", type=int, help="seed for the drop schedule")
+
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)
@@ -51,12 +77,27 @@ def main(argv: list[str] | None = None) -> int:
             args.url, token=args.token, conversation_id=args.conversation, message=args.message,
             agent=args.agent, mode=args.mode, give_up_after_s=args.give_up_after,
         )
+    if args.command == "loadtest":
+        return _loadtest(args)
     if args.command == "mock-llm":
         from actors.llm.mock_server import run_mock_server
 
         return run_mock_server(args.script, host=args.host, port=args.port)
     parser.error(f"unknown command {args.command}")
     return 2
+
+
+def _loadtest(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from gateway.loadtest import DEFAULT_MESSAGE, LoadConfig, run_loadtest
+
+    return run_loadtest(LoadConfig(
+        url=args.url, conversations=args.conversations, duration_s=args.duration,
+        reconnect_rate=args.reconnect_rate, drain_timeout_s=args.drain_timeout, token=args.token,
+        message=args.message or DEFAULT_MESSAGE, script=Path(args.script) if args.script else None,
+        report=Path(args.report) if args.report else None, seed=args.seed,
+    ))
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ retries, continuations and fallbacks, and across processes.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import sys
 from collections.abc import AsyncGenerator, Callable, Sequence
@@ -100,6 +101,16 @@ def litellm_module() -> ModuleType:
         ensure_registered()
         _litellm = litellm
     return _litellm
+
+
+async def warm_up() -> None:
+    """Import LiteLLM and load its tokenizer in a thread, at start-up. Done lazily on the first turn,
+    the import (seconds) would freeze every connection of the process inside the event loop."""
+
+    def load() -> None:
+        litellm_module().token_counter(model="gpt-4o", messages=[{"role": "user", "content": "warm up"}])
+
+    await asyncio.to_thread(load)
 
 
 # -- provider errors → kinds -----------------------------------------------------------------
