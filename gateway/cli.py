@@ -1,5 +1,6 @@
-"""`reactgate` — the command line (SPEC §9). Each subcommand imports its module lazily, so
-`reactgate chat` never pays for LiteLLM or Ray."""
+"""reactgate: serve governed agent conversations over WebSockets, chat with them, load-test them.
+
+Each subcommand imports its module lazily, so `reactgate chat` never pays for LiteLLM or Ray."""
 
 from __future__ import annotations
 
