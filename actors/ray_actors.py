@@ -345,7 +345,6 @@ class ToolPool:
         self._loaded: set[str] = set()
         self._versions: dict[str, int] = {}
         self._inflight: dict[tuple[str, str], asyncio.Future[Observation]] = {}
-        self.executed: dict[str, int] = {}
 
     async def _ready(self) -> None:
         if self._ready_lock is None:
@@ -406,7 +405,6 @@ class ToolPool:
                     conversation_id, turn_id, fresh, exploration_cap=exploration_cap,
                     timeout_s=timeout_s, catalog=catalog,
                 )
-                self.executed[conversation_id] = self.executed.get(conversation_id, 0) + len(fresh)
                 await self._save(conversation_id)
                 for obs in results:
                     mine[obs.call_id].set_result(obs)
@@ -434,7 +432,8 @@ class ToolPool:
         return dict(self._executor.export_conversation(conversation_id))
 
     def stats(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "executed": dict(self.executed), "inflight": len(self._inflight)}
+        executed = dict(self._durable.executed) if self._durable is not None else {}
+        return {"pid": os.getpid(), "executed": executed, "inflight": len(self._inflight)}
 
 
 def get_or_create(actor_cls: Any, name: str, *args: Any, **options: Any) -> Any:

@@ -23,6 +23,7 @@ class DurableTools:
     def __init__(self, inner: Any, store: Store) -> None:
         self.inner = inner
         self.store = store
+        self.executed: dict[str, int] = {}  # calls actually run, per conversation (not answered from the store)
 
     async def execute_batch(
         self, conversation_id: str, turn_id: str, calls: Sequence[ToolCall], *,
@@ -35,6 +36,7 @@ class DurableTools:
                 known[call.call_id] = _decode(data)
         todo = [c for c in calls if c.call_id not in known]
         if todo:
+            self.executed[conversation_id] = self.executed.get(conversation_id, 0) + len(todo)
             fresh = await self.inner.execute_batch(
                 conversation_id, turn_id, todo, exploration_cap=exploration_cap, timeout_s=timeout_s, catalog=catalog
             )
