@@ -229,6 +229,11 @@ class ConversationHost:
     def identity(self) -> tuple[str, str]:
         return self.name, self.incarnation
 
+    async def ready(self) -> str:
+        """Open the store and load LiteLLM now, so no conversation's first turn pays for it."""
+        await self._ready()
+        return self.name
+
     async def command(self, conversation_id: str, command: Any) -> str:
         core = await self._ready()
         return str(await core.command(conversation_id, command))

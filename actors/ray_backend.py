@@ -127,8 +127,10 @@ class RayBackend:
         self._directory = get_or_create(Directory, DIRECTORY_NAME)
         get_or_create(ToolPool, TOOL_POOL_NAME, self.config)
         if self.placement == "sharded":
-            await self._directory.ensure_hosts.remote(self.host_count, self.config)
+            names = await self._directory.ensure_hosts.remote(self.host_count, self.config)
             await self._wait_for_hosts()
+            # /readyz only once every host has its store open and LiteLLM loaded (seconds each).
+            await asyncio.gather(*(ray.get_actor(n, namespace=NAMESPACE).ready.remote() for n in names))
 
     async def _wait_for_hosts(self, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
