@@ -40,6 +40,10 @@ class Owners:
         self._cache[cid] = (owner, agent)
         return cid
 
+    async def agent_of(self, conversation_id: str) -> str | None:
+        found = self._cache.get(conversation_id) or await self._store.conversation_owner(conversation_id)
+        return found[1] if found is not None else None
+
     async def check(self, owner: Owner, conversation_id: str) -> str:
         """The conversation's agent, if `owner` owns it; else Forbidden (exists or not)."""
         found = self._cache.get(conversation_id)

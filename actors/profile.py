@@ -79,6 +79,9 @@ class AgentProfile(BaseModel):
     initial_state: Name | None = None  # None: the first state
     policies: Policies = Policies()
     tools: tuple[ToolEntry, ...] = ()
+    # ray backend: "sharded" (many conversations per ConversationHost) or "dedicated" (one named
+    # Ray actor per conversation: process isolation, ~90 MB each — SPEC §5)
+    placement: Literal["sharded", "dedicated"] = "sharded"
 
     @model_validator(mode="after")
     def _consistent(self, info: ValidationInfo) -> AgentProfile:

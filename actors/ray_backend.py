@@ -87,14 +87,12 @@ class RayBackend:
         default_agent: str,
         scripts: Mapping[str, str] | None = None,
         hosts: int | None = None,
-        placement: str | None = None,
     ) -> None:
         self.settings = settings
         self.profiles = dict(profiles)
         self.default_agent = default_agent
         self.gateway_id = f"gw-{uuid.uuid4().hex[:12]}"
         self.host_count = hosts or int(os.environ.get("REACTGATE_HOSTS", "2"))
-        self.placement = placement or os.environ.get("REACTGATE_PLACEMENT", "sharded")
         self.config = ClusterConfig(
             store_url=settings.store,
             profiles=self.profiles,
@@ -126,7 +124,7 @@ class RayBackend:
         await self.store.open()
         self._directory = get_or_create(Directory, DIRECTORY_NAME)
         get_or_create(ToolPool, TOOL_POOL_NAME, self.config)
-        if self.placement == "sharded":
+        if any(p.placement == "sharded" for p in self.profiles.values()):
             names = await self._directory.ensure_hosts.remote(self.host_count, self.config)
             await self._wait_for_hosts()
             # /readyz only once every host has its store open and LiteLLM loaded (seconds each).
@@ -195,7 +193,8 @@ class RayBackend:
     async def _host_for(self, conversation_id: str) -> tuple[str, Any]:
         name = self._routes.get(conversation_id)
         if name is None:
-            if self.placement == "dedicated":
+            agent = await self.owners.agent_of(conversation_id)
+            if agent in self.profiles and self.profiles[agent].placement == "dedicated":
                 name = await self._directory.ensure_dedicated.remote(conversation_id, self.config)
             else:
                 name = await self._place(conversation_id)

@@ -105,6 +105,7 @@ def profile(name: str, flush_ms: int) -> AgentProfile:
 
 
 PROFILES = {"idle": profile("idle", 25), "flush0": profile("flush0", 0), "flush25": profile("flush25", 25)}
+PROFILES["idle-dedicated"] = PROFILES["idle"].model_copy(update={"name": "idle-dedicated", "placement": "dedicated"})
 
 
 def rss(pid: int) -> int:
@@ -143,9 +144,9 @@ def ms(s: float) -> str:
     return f"{s * 1e3:,.1f} ms"
 
 
-async def activate_idle(backend: Any) -> tuple[str, float]:
+async def activate_idle(backend: Any, agent: str = "idle") -> tuple[str, float]:
     t = time.perf_counter()
-    cid = (await backend.open(OWNER, None, "idle", None)).conversation_id
+    cid = (await backend.open(OWNER, None, agent, None)).conversation_id
     assert await backend.command(OWNER, cid, SetMode(f"mode-{cid}", "ask")) == "accepted"
     return cid, time.perf_counter() - t
 
@@ -222,7 +223,7 @@ async def sharded_idle(settings: Settings, scripts: dict[str, str], m: int, sequ
 
 
 async def dedicated_idle(settings: Settings, scripts: dict[str, str], d: int) -> dict[str, Any]:
-    backend = RayBackend(settings, PROFILES, default_agent="idle", scripts=scripts, placement="dedicated")
+    backend = RayBackend(settings, PROFILES, default_agent="idle-dedicated", scripts=scripts, hosts=2)
     await backend.start()
     names: list[str] = []
     latencies: list[float] = []
@@ -230,7 +231,7 @@ async def dedicated_idle(settings: Settings, scripts: dict[str, str], d: int) ->
     usss: list[int | None] = []
     try:
         for _ in range(d):
-            cid, latency = await activate_idle(backend)
+            cid, latency = await activate_idle(backend, "idle-dedicated")
             name = await backend.host_of(cid)
             names.append(name)
             stats = await ray.get_actor(name, namespace=NAMESPACE).stats.remote()
@@ -240,8 +241,7 @@ async def dedicated_idle(settings: Settings, scripts: dict[str, str], d: int) ->
             usss.append(uss(stats["pid"]))
     finally:
         await backend.stop()
-        # The Directory lists each dedicated actor as a live host (rendezvous candidates for sharded
-        # placement): kill them and report them dead, or part 2's conversations could land on them.
+        # Free the dedicated actors' memory before part 2 (passivation would retire them too).
         for name in names:
             handle = ray.get_actor(name, namespace=NAMESPACE)
             _, incarnation = await handle.identity.remote()

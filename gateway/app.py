@@ -86,5 +86,4 @@ def build_backend(settings: Settings) -> Backend:
     return RayBackend(
         settings, {setup.profile.name: setup.profile}, default_agent=setup.profile.name,
         scripts={SERVE_SCRIPT_NAME: str(setup.script_path)} if setup.script_path else {},
-        placement=settings.placement,
     )

@@ -24,7 +24,6 @@ class Settings(BaseSettings):
     model: str | None = None
     store: str = "sqlite:///./data/reactgate.sqlite3"
     ray_address: str | None = None
-    placement: Literal["sharded", "dedicated"] = "sharded"   # dedicated: one Ray actor per conversation
     auth_secret: SecretStr | None = None
 
     max_frame_bytes: int = Field(default=256 * 1024, gt=0)

@@ -77,6 +77,8 @@ def _profile(name: str) -> AgentProfile:
 
 
 PROFILES = {name: _profile(name) for name in SCRIPTS}
+# the ask agent again, each conversation in its own Ray actor
+PROFILES["solo"] = PROFILES["ask"].model_copy(update={"name": "solo", "placement": "dedicated"})
 
 
 @pytest.fixture(scope="module")
@@ -411,11 +413,9 @@ async def test_dedicated_placement_runs_one_named_actor_per_conversation(
 ) -> None:
     from actors.ray_actors import DEDICATED_PREFIX
 
-    backend = RayBackend(Settings(store=store_url), PROFILES, default_agent="ask", scripts=script_files,
-                         placement="dedicated")
-    await backend.start()
+    backend = await _ray_backend(store_url, script_files)
     try:
-        first, second = await _open(backend, "ask"), await _open(backend, "ask")
+        first, second = await _open(backend, "solo"), await _open(backend, "solo")
         for cid in (first, second):
             await backend.command(OWNER, cid, SetMode(f"m-{cid}", "agent"))
         hosts = {await backend.host_of(first), await backend.host_of(second)}
