@@ -794,6 +794,26 @@ def counts_line(result: Result) -> str:
     )
 
 
+def summary_rows(result: Result) -> list[tuple[str, str]]:
+    """Throughput and outcome rows, shared by the terminal summary and the HTML report."""
+    stats, elapsed = result.stats, result.elapsed_s
+
+    def rate(n: int) -> str:
+        return f"{n / elapsed:.1f}" if elapsed > 0 else "-"
+
+    return [
+        ("turns ended", str(stats.turns_ended)),
+        ("turns/s", rate(stats.turns_ended)),
+        ("events", str(stats.events)),
+        ("events/s", rate(stats.events)),
+        ("reconnects (injected)", str(stats.reconnects)),
+        ("commands re-sent / acked duplicate", f"{stats.resent} / {stats.duplicate_acks}"),
+        ("asks answered", str(stats.asks_answered)),
+        ("turn reasons", ", ".join(f"{k}={v}" for k, v in sorted(stats.reasons.items())) or "-"),
+        ("errors", ", ".join(f"{k}={v}" for k, v in sorted(stats.errors.items())) or "none"),
+    ]
+
+
 def print_summary(result: Result, console: Console) -> None:
     stats, elapsed = result.stats, result.elapsed_s
     latency = Table(title="latency (ms)", title_justify="left")
@@ -807,22 +827,8 @@ def print_summary(result: Result, console: Console) -> None:
     totals.add_column(justify="left")
     totals.add_column(justify="right")
 
-    def rate(n: int) -> str:
-        return f"{n / elapsed:.1f}" if elapsed > 0 else "-"
-
-    rows: list[tuple[str, str]] = [
-        ("conversations", str(result.config.conversations)),
-        ("elapsed (s)", f"{elapsed:.2f}"),
-        ("turns ended", str(stats.turns_ended)),
-        ("turns/s", rate(stats.turns_ended)),
-        ("events", str(stats.events)),
-        ("events/s", rate(stats.events)),
-        ("reconnects (injected)", str(stats.reconnects)),
-        ("commands re-sent / acked duplicate", f"{stats.resent} / {stats.duplicate_acks}"),
-        ("asks answered", str(stats.asks_answered)),
-        ("turn reasons", ", ".join(f"{k}={v}" for k, v in sorted(stats.reasons.items())) or "-"),
-        ("errors", ", ".join(f"{k}={v}" for k, v in sorted(stats.errors.items())) or "none"),
-    ]
+    rows = [("conversations", str(result.config.conversations)), ("elapsed (s)", f"{elapsed:.2f}"),
+            *summary_rows(result)]
     for label, value in rows:
         totals.add_row(label, value)
     for label, n in (("lost", result.lost), ("duplicated", result.duplicated),
@@ -958,24 +964,13 @@ def render_html(result: Result) -> str:
         body = "".join(f"<tr><th>{esc(k)}</th><td{cls}>{esc(v)}</td></tr>" for k, v in rows)
         return f"<table>{body}</table>"
 
-    def rate(n: int) -> str:
-        return f"{n / elapsed:.1f}" if elapsed > 0 else "-"
-
     summary = table([
         ("url", cfg.url),
         ("conversations", str(cfg.conversations)),
         ("duration (s)", f"{cfg.duration_s:g}"),
         ("reconnect rate (drops/s per conversation)", f"{cfg.reconnect_rate:g}"),
         ("elapsed, with drain (s)", f"{elapsed:.2f}"),
-        ("turns ended", str(stats.turns_ended)),
-        ("turns/s", rate(stats.turns_ended)),
-        ("events", str(stats.events)),
-        ("events/s", rate(stats.events)),
-        ("reconnects (injected)", str(stats.reconnects)),
-        ("commands re-sent / acked duplicate", f"{stats.resent} / {stats.duplicate_acks}"),
-        ("asks answered", str(stats.asks_answered)),
-        ("turn reasons", ", ".join(f"{k}={v}" for k, v in sorted(stats.reasons.items())) or "-"),
-        ("errors", ", ".join(f"{k}={v}" for k, v in sorted(stats.errors.items())) or "none"),
+        *summary_rows(result),
     ])
     correctness_rows = [("lost", result.lost), ("duplicated", result.duplicated),
                         ("out of order", result.out_of_order), ("incomplete turns", result.incomplete_turns),
