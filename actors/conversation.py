@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -67,7 +67,7 @@ class ToolExecutor(Protocol):
     async def reset_exploration(self, conversation_id: str) -> None: ...
 
 
-StreamModel = Callable[..., AsyncIterator[Any]]
+StreamModel = Callable[..., AsyncGenerator[Any, None]]
 
 
 def litellm_token_counter(model: str) -> TokenCounter:
@@ -193,7 +193,7 @@ class Conversation:
     def validate_params(self, tool_id: str, params: Mapping[str, object]) -> list[str]:
         return self.runtime.registry.validate_params(tool_id, params)[1]
 
-    def stream(self, messages: list[dict[str, str]]) -> AsyncIterator[Any]:
+    def stream(self, messages: list[dict[str, str]]) -> AsyncGenerator[Any, None]:
         return self.runtime.stream_model(  # type: ignore[no-any-return]
             self.profile.models, messages, conversation_id=self.conversation_id,
             next_call_index=self._next_call_index, **self.runtime.model_kwargs,

@@ -154,7 +154,7 @@ class Directory:
 # -- ConversationHost ----------------------------------------------------------------------------
 
 
-@ray.remote(max_restarts=0, max_concurrency=1000)
+@ray.remote(max_restarts=0, max_concurrency=1000)  # type: ignore[call-overload]  # stubs lack actor options
 class ConversationHost:
     """Hosts many conversations (a HostCore); delivers their events to each gateway in batches."""
 
@@ -336,7 +336,7 @@ class ToolPoolClient:
             await self.pool.reset_exploration.remote(conversation_id)
 
 
-@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=1000)
+@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=1000)  # type: ignore[call-overload]
 class ToolPool:
     """Executes tool calls for every host: trait re-check, durable per-conversation exploration
     counters, concurrency caps, timeouts, durable results deduplicated by call id."""

@@ -240,7 +240,7 @@ class Turn:
             self.phase = transition(self.phase, Move.RETRY)
 
     async def _resume_pending(self) -> None:
-        calls = []
+        calls: list[AcceptedCall] = []
         for p in self.pending:
             decl = self.conv.catalog.get(p.tool_id)
             trait = decl.trait if decl is not None else Trait.UNKNOWN
