@@ -135,10 +135,12 @@ class EventLog:
             try:
                 if self._persist is not None:
                     await self._persist(batch)
-            except BaseException as exc:  # a store failure must never look like delivery
-                self._failure = exc
-                self._idle.set()
+            except asyncio.CancelledError:
                 raise
+            except Exception as exc:  # a store failure must never look like delivery
+                self._failure = exc   # flush() and emit() report it; nothing after it is published
+                self._idle.set()
+                return
             self.durable_seq = batch[-1].seq
             for publish in list(self._subscribers):
                 publish(batch)

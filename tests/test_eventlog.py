@@ -1,0 +1,136 @@
+"""The event log: seq assignment, delta coalescing, and the write-ahead rule (SPEC §5, §6)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+from actors.eventlog import EventLog
+from protocol.events import Event
+
+LONG_MS = 60_000  # a window no test waits out: only a flush or another event closes a delta
+
+
+def delta(text: str, name: str = "answer.delta", round_: int = 1) -> tuple[str, dict[str, object]]:
+    return name, {"turn_id": "t1", "round": round_, "text": text}
+
+
+class Published:
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.changed = asyncio.Event()
+
+    def __call__(self, batch: Sequence[Event]) -> None:
+        self.events.extend(batch)
+        self.changed.set()
+
+    async def until(self, count: int) -> None:
+        async def wait() -> None:
+            while len(self.events) < count:
+                self.changed.clear()
+                await self.changed.wait()
+        await asyncio.wait_for(wait(), 5)
+
+    def shape(self) -> list[tuple[int, str, object]]:
+        return [(e.seq, e.event, e.data.get("text")) for e in self.events]
+
+
+async def test_no_event_is_published_before_the_store_made_it_durable() -> None:
+    release = asyncio.Event()
+    persisted: list[int] = []
+
+    async def persist(batch: Sequence[Event]) -> None:
+        await release.wait()
+        persisted.extend(e.seq for e in batch)
+
+    log = EventLog("c", flush_interval_ms=0, persist=persist)
+    published = Published()
+    log.subscribe(published)
+    log.emit("turn.started", {"turn_id": "t1"})
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert published.events == [] and log.durable_seq == 0
+    release.set()
+    await published.until(1)
+    assert persisted == [1] and log.durable_seq == 1
+    await log.close()
+
+
+async def _failing_persist(batch: Sequence[Event]) -> None:
+    raise OSError("disk full")
+
+
+async def test_a_failed_persist_publishes_nothing_and_stops_the_log() -> None:
+    log = EventLog("c", flush_interval_ms=0, persist=_failing_persist)
+    published = Published()
+    log.subscribe(published)
+    log.emit("turn.started", {"turn_id": "t1"})
+    with pytest.raises(RuntimeError):
+        await log.flush()
+    assert published.events == []
+    with pytest.raises(RuntimeError):
+        log.emit("turn.completed", {"turn_id": "t1"})
+
+
+async def test_seqs_continue_the_durable_log_by_one() -> None:
+    log = EventLog("c", last_seq=41, flush_interval_ms=0)
+    published = Published()
+    log.subscribe(published)
+    for name in ("turn.started", "round.completed", "turn.completed"):
+        log.emit(name, {"turn_id": "t1"})
+    await log.flush()
+    assert [e.seq for e in published.events] == [42, 43, 44]
+    await log.close()
+
+
+async def test_the_first_delta_of_a_lane_goes_at_once_and_later_ones_coalesce() -> None:
+    log = EventLog("c", flush_interval_ms=LONG_MS)
+    published = Published()
+    log.subscribe(published)
+    for text in ("It ", "is ", "raining"):
+        log.emit(*delta(text))
+    await published.until(1)                      # time to first token: not held for the window
+    assert published.shape() == [(1, "answer.delta", "It ")]
+    await log.flush()
+    assert published.shape() == [(1, "answer.delta", "It "), (2, "answer.delta", "is raining")]
+    await log.close()
+
+
+async def test_any_other_event_closes_the_open_delta_first_so_order_holds() -> None:
+    log = EventLog("c", flush_interval_ms=LONG_MS)
+    published = Published()
+    log.subscribe(published)
+    log.emit(*delta("a", "thinking.delta"))
+    log.emit(*delta("b", "thinking.delta"))
+    log.emit(*delta("c", "thinking.delta"))
+    log.emit(*delta("X"))                        # another lane: the open thinking delta closes first
+    log.emit("round.completed", {"turn_id": "t1", "round": 1})
+    await log.flush()
+    assert published.shape() == [
+        (1, "thinking.delta", "a"), (2, "thinking.delta", "bc"), (3, "answer.delta", "X"), (4, "round.completed", None),
+    ]
+    await log.close()
+
+
+async def test_an_open_delta_is_published_when_its_window_ends() -> None:
+    log = EventLog("c", flush_interval_ms=20)
+    published = Published()
+    log.subscribe(published)
+    log.emit(*delta("a"))
+    log.emit(*delta("b"))
+    await published.until(2)                      # nobody flushes: the window alone releases it
+    assert published.shape() == [(1, "answer.delta", "a"), (2, "answer.delta", "b")]
+    await log.close()
+
+
+async def test_a_zero_window_sends_every_delta_as_its_own_event() -> None:
+    log = EventLog("c", flush_interval_ms=0)
+    published = Published()
+    log.subscribe(published)
+    for text in "abc":
+        log.emit(*delta(text))
+    await log.flush()
+    assert [e.data["text"] for e in published.events] == ["a", "b", "c"]
+    await log.close()
