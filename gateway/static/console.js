@@ -113,7 +113,9 @@ class Session {
       return;
     }
     this.ws = ws;
+    let opened = false;
     ws.onopen = () => {
+      opened = true;
       this.openId = newId();
       const frame = { type: "open", id: this.openId };
       if (this.conversationId) frame.conversation_id = this.conversationId;
@@ -135,7 +137,10 @@ class Session {
       if (this.closedByUs) return;
       const delay = Math.random() * Math.min(BACKOFF_CAP_MS, BACKOFF_BASE_MS * 2 ** Math.min(this.attempt, 16));
       this.attempt += 1;
-      const why = ev.code ? `closed ${ev.code}${ev.reason ? " " + ev.reason : ""}` : "connection lost";
+      // A drained gateway refuses reconnects until its replacement listens: say so, not "1006".
+      const why = !opened ? "gateway unreachable"
+        : ev.code && ev.code !== 1006 ? `closed ${ev.code}${ev.reason ? " " + ev.reason : ""}`
+        : "connection lost";
       this.view.status(`${why} — reconnecting in ${(delay / 1000).toFixed(1)} s`, "down");
       setTimeout(() => this.connect(), delay);
     };
