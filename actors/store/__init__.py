@@ -1,4 +1,4 @@
-"""Durable stores behind conversations (SPEC §5 Store): embedded SQLite, PostgreSQL for clusters.
+"""Durable stores behind conversations (docs/design.md#store): embedded SQLite, PostgreSQL for clusters.
 
 `store_from_url` builds an unopened store from `--store`; `open_store` builds and opens it:
 
@@ -7,6 +7,8 @@
   the default FULL fsyncs every group commit — see actors/store/sqlite.py)
 - `postgresql://user@host:port/db` (or `postgres://`), optionally `?schema=NAME` to keep every
   table in that schema.
+
+Both share one schema and one set of SQL statements, rendered per dialect: actors/store/schema.py.
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
-"""The cluster store: PostgreSQL through psycopg 3 async, written with group commit (SPEC §5 Store).
+"""The cluster store: PostgreSQL through psycopg 3 async, written with group commit (docs/design.md#store).
 
 One writer connection commits batches of writes from all the conversations of this process (one
 transaction, one WAL flush per batch); a small pool of autocommit connections serves reads.
 Several processes (hosts) may share one database: the seq check reads the conversation's
 `streams` row under a row lock inside the committing transaction, and the events primary key is
-the backstop, so two activations that ever raced cannot both append the same seq (SPEC §6 "never
-reused"); keys and tool results rely on `ON CONFLICT DO NOTHING`, atomic across processes. All the
-appends of a batch are written with three statements, whatever their number.
+the backstop, so two activations that ever raced cannot both append the same seq (a seq is never
+reused: docs/design.md#store); keys and tool results rely on `ON CONFLICT DO NOTHING`, atomic
+across processes. All the appends of a batch are written with three statements, whatever their
+number. The schema and the SQL are shared with the SQLite store: actors/store/schema.py.
 
 Durability follows the server's `synchronous_commit` (on by default: a commit is flushed).
 """
@@ -36,6 +37,7 @@ from actors.store.base import (
     decode_event,
     encode_event_data,
 )
+from actors.store.schema import POSTGRES_SQL as SQL
 from protocol.events import Event
 
 Conn = psycopg.AsyncConnection[Any]
@@ -55,46 +57,6 @@ class _Append:
 
 
 WriteOp = _Append | Callable[[Conn], Awaitable[Any]]
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS conversations (
-    conversation_id text PRIMARY KEY,
-    tenant text NOT NULL,
-    sub text NOT NULL,
-    agent text NOT NULL,
-    created_at double precision NOT NULL
-);
-CREATE TABLE IF NOT EXISTS streams (
-    conversation_id text PRIMARY KEY,
-    last_seq bigint NOT NULL
-);
-CREATE TABLE IF NOT EXISTS events (
-    conversation_id text NOT NULL,
-    seq bigint NOT NULL,
-    event text NOT NULL,
-    data bytea NOT NULL,
-    ts double precision NOT NULL,
-    PRIMARY KEY (conversation_id, seq)
-);
-CREATE TABLE IF NOT EXISTS snapshots (
-    conversation_id text PRIMARY KEY,
-    seq bigint NOT NULL,
-    data bytea NOT NULL
-);
-CREATE TABLE IF NOT EXISTS idempotency_keys (
-    conversation_id text NOT NULL,
-    key text NOT NULL,
-    seen_at double precision NOT NULL,
-    PRIMARY KEY (conversation_id, key)
-);
-CREATE INDEX IF NOT EXISTS idempotency_keys_seen_at ON idempotency_keys (seen_at);
-CREATE TABLE IF NOT EXISTS tool_results (
-    conversation_id text NOT NULL,
-    call_id text NOT NULL,
-    payload bytea NOT NULL,
-    PRIMARY KEY (conversation_id, call_id)
-);
-"""
 
 # Serializes schema creation of processes starting together (CREATE ... IF NOT EXISTS can race).
 _SCHEMA_LOCK = 0x72656163  # "reac"
@@ -142,7 +104,7 @@ class PostgresStore:
                 await writer.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
                 if self.schema is not None:
                     await writer.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
-                await writer.execute(SCHEMA)
+                await writer.execute(SQL.schema)
         except BaseException:
             await writer.close()
             raise
@@ -255,15 +217,11 @@ class PostgresStore:
     ) -> None:
         async def op(conn: Conn) -> None:
             cur = await conn.execute(
-                "INSERT INTO conversations (conversation_id, tenant, sub, agent, created_at)"
-                " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (conversation_id) DO NOTHING",
-                (conversation_id, owner.tenant, owner.sub, agent, created_at),
+                SQL.insert_conversation, (conversation_id, owner.tenant, owner.sub, agent, created_at)
             )
             if cur.rowcount == 1:
                 return
-            cur = await conn.execute(
-                "SELECT tenant, sub, agent FROM conversations WHERE conversation_id = %s", (conversation_id,)
-            )
+            cur = await conn.execute(SQL.conversation_owner, (conversation_id,))
             row = await cur.fetchone()
             if row is None or tuple(row) != (owner.tenant, owner.sub, agent):
                 raise ConversationExists(conversation_id)
@@ -272,9 +230,7 @@ class PostgresStore:
 
     async def conversation_owner(self, conversation_id: str) -> tuple[Owner, str] | None:
         async with self._reader() as conn:
-            cur = await conn.execute(
-                "SELECT tenant, sub, agent FROM conversations WHERE conversation_id = %s", (conversation_id,)
-            )
+            cur = await conn.execute(SQL.conversation_owner, (conversation_id,))
             row = await cur.fetchone()
         return None if row is None else (Owner(tenant=row[0], sub=row[1]), row[2])
 
@@ -301,17 +257,13 @@ class PostgresStore:
         if limit <= 0:
             return []
         async with self._reader() as conn:
-            cur = await conn.execute(
-                "SELECT seq, event, data, ts FROM events WHERE conversation_id = %s AND seq > %s"
-                " ORDER BY seq LIMIT %s",
-                (conversation_id, after_seq, limit),
-            )
+            cur = await conn.execute(SQL.read_events, (conversation_id, after_seq, limit))
             rows = await cur.fetchall()
         return [decode_event(conversation_id, seq, name, bytes(data), ts) for seq, name, data, ts in rows]
 
     async def last_seq(self, conversation_id: str) -> int:
         async with self._reader() as conn:
-            cur = await conn.execute("SELECT last_seq FROM streams WHERE conversation_id = %s", (conversation_id,))
+            cur = await conn.execute(SQL.last_seq, (conversation_id,))
             row = await cur.fetchone()
         return 0 if row is None else int(row[0])
 
@@ -321,20 +273,13 @@ class PostgresStore:
         payload = bytes(data)
 
         async def op(conn: Conn) -> None:
-            await conn.execute(
-                "INSERT INTO snapshots (conversation_id, seq, data) VALUES (%s, %s, %s)"
-                " ON CONFLICT (conversation_id) DO UPDATE SET seq = excluded.seq, data = excluded.data"
-                " WHERE excluded.seq >= snapshots.seq",
-                (conversation_id, seq, payload),
-            )
+            await conn.execute(SQL.save_snapshot, (conversation_id, seq, payload))
 
         await self._group.submit(op)
 
     async def load_snapshot(self, conversation_id: str) -> tuple[int, bytes] | None:
         async with self._reader() as conn:
-            cur = await conn.execute(
-                "SELECT seq, data FROM snapshots WHERE conversation_id = %s", (conversation_id,)
-            )
+            cur = await conn.execute(SQL.load_snapshot, (conversation_id,))
             row = await cur.fetchone()
         return None if row is None else (int(row[0]), bytes(row[1]))
 
@@ -342,18 +287,14 @@ class PostgresStore:
 
     async def remember_key(self, conversation_id: str, key: str, now: float) -> bool:
         async def op(conn: Conn) -> bool:
-            cur = await conn.execute(
-                "INSERT INTO idempotency_keys (conversation_id, key, seen_at) VALUES (%s, %s, %s)"
-                " ON CONFLICT (conversation_id, key) DO NOTHING",
-                (conversation_id, key, now),
-            )
+            cur = await conn.execute(SQL.remember_key, (conversation_id, key, now))
             return cur.rowcount == 1
 
         return bool(await self._group.submit(op))
 
     async def prune_keys(self, older_than: float) -> int:
         async def op(conn: Conn) -> int:
-            cur = await conn.execute("DELETE FROM idempotency_keys WHERE seen_at < %s", (older_than,))
+            cur = await conn.execute(SQL.prune_keys, (older_than,))
             return cur.rowcount
 
         return int(await self._group.submit(op))
@@ -364,21 +305,14 @@ class PostgresStore:
         data = bytes(payload)
 
         async def op(conn: Conn) -> bool:
-            cur = await conn.execute(
-                "INSERT INTO tool_results (conversation_id, call_id, payload) VALUES (%s, %s, %s)"
-                " ON CONFLICT (conversation_id, call_id) DO NOTHING",
-                (conversation_id, call_id, data),
-            )
+            cur = await conn.execute(SQL.record_tool_result, (conversation_id, call_id, data))
             return cur.rowcount == 1
 
         return bool(await self._group.submit(op))
 
     async def tool_result(self, conversation_id: str, call_id: str) -> bytes | None:
         async with self._reader() as conn:
-            cur = await conn.execute(
-                "SELECT payload FROM tool_results WHERE conversation_id = %s AND call_id = %s",
-                (conversation_id, call_id),
-            )
+            cur = await conn.execute(SQL.tool_result, (conversation_id, call_id))
             row = await cur.fetchone()
         return None if row is None else bytes(row[0])
 
@@ -394,11 +328,7 @@ async def _append_all(conn: Conn, appends: list[_Append]) -> list[Outcome]:
     retried op by op and fails that append with SeqConflict (`_commit_batch`).
     """
     cids = sorted({a.conversation_id for a in appends})
-    cur = await conn.execute(
-        "SELECT conversation_id, last_seq FROM streams WHERE conversation_id = ANY(%s)"
-        " ORDER BY conversation_id FOR UPDATE",
-        (cids,),
-    )
+    cur = await conn.execute(SQL.lock_streams, (cids,))
     current: dict[str, int] = dict.fromkeys(cids, 0)
     current.update({cid: int(last) for cid, last in await cur.fetchall()})
     outcomes: list[Outcome] = []
@@ -414,8 +344,7 @@ async def _append_all(conn: Conn, appends: list[_Append]) -> list[Outcome]:
     if not accepted:
         return outcomes
     await conn.execute(
-        "INSERT INTO events (conversation_id, seq, event, data, ts)"
-        " SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::bytea[], %s::float8[])",
+        SQL.insert_events,
         (
             [a.conversation_id for a in accepted for _ in a.seqs],
             [seq for a in accepted for seq in a.seqs],
@@ -425,9 +354,5 @@ async def _append_all(conn: Conn, appends: list[_Append]) -> list[Outcome]:
         ),
     )
     changed = sorted({a.conversation_id for a in accepted})
-    await conn.execute(
-        "INSERT INTO streams (conversation_id, last_seq) SELECT * FROM unnest(%s::text[], %s::bigint[])"
-        " ON CONFLICT (conversation_id) DO UPDATE SET last_seq = excluded.last_seq",
-        (changed, [current[cid] for cid in changed]),
-    )
+    await conn.execute(SQL.set_last_seqs, (changed, [current[cid] for cid in changed]))
     return outcomes

@@ -1,4 +1,4 @@
-"""The embedded store: one SQLite file in WAL mode, written with group commit (SPEC §5 Store).
+"""The embedded store: one SQLite file in WAL mode, written with group commit (docs/design.md#store).
 
 Durability choice. In WAL mode a commit appends the transaction to the -wal file; with
 `synchronous=NORMAL` that write reaches the OS page cache but is not fsynced, which survives the
@@ -11,6 +11,8 @@ Threads. The sqlite3 module releases the GIL while SQLite works, so the hot path
 appends — runs as one call on a dedicated writer thread holding the only write connection (one
 thread hop per batch, measured faster than aiosqlite's hop per statement). Reads run on a small
 pool of reader threads, each with its own connection: WAL lets them read while the writer commits.
+
+The schema and the SQL are shared with the PostgreSQL store: actors/store/schema.py.
 """
 
 from __future__ import annotations
@@ -37,50 +39,11 @@ from actors.store.base import (
     decode_event,
     encode_event_data,
 )
+from actors.store.schema import SQLITE_SQL as SQL
 from protocol.events import Event
 
 T = TypeVar("T")
 WriteOp = Callable[[sqlite3.Connection], Any]
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS conversations (
-    conversation_id TEXT PRIMARY KEY,
-    tenant TEXT NOT NULL,
-    sub TEXT NOT NULL,
-    agent TEXT NOT NULL,
-    created_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS streams (
-    conversation_id TEXT PRIMARY KEY,
-    last_seq INTEGER NOT NULL
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS events (
-    conversation_id TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    event TEXT NOT NULL,
-    data BLOB NOT NULL,
-    ts REAL NOT NULL,
-    PRIMARY KEY (conversation_id, seq)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS snapshots (
-    conversation_id TEXT PRIMARY KEY,
-    seq INTEGER NOT NULL,
-    data BLOB NOT NULL
-);
-CREATE TABLE IF NOT EXISTS idempotency_keys (
-    conversation_id TEXT NOT NULL,
-    key TEXT NOT NULL,
-    seen_at REAL NOT NULL,
-    PRIMARY KEY (conversation_id, key)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS idempotency_keys_seen_at ON idempotency_keys (seen_at);
-CREATE TABLE IF NOT EXISTS tool_results (
-    conversation_id TEXT NOT NULL,
-    call_id TEXT NOT NULL,
-    payload BLOB NOT NULL,
-    PRIMARY KEY (conversation_id, call_id)
-);
-"""
 
 MEMORY = ":memory:"
 
@@ -165,7 +128,7 @@ class SqliteStore:
             if mode.lower() != "wal":
                 raise RuntimeError(f"SQLite at {self.path} refused WAL mode (got {mode})")
         conn.execute(f"PRAGMA synchronous = {self.synchronous}")
-        conn.executescript(SCHEMA)
+        conn.executescript(SQL.schema)
         return conn
 
     def _reader(self) -> sqlite3.Connection:
@@ -235,10 +198,7 @@ class SqliteStore:
 
     async def conversation_owner(self, conversation_id: str) -> tuple[Owner, str] | None:
         def read(conn: sqlite3.Connection) -> tuple[Owner, str] | None:
-            row = conn.execute(
-                "SELECT tenant, sub, agent FROM conversations WHERE conversation_id = ?",
-                (conversation_id,),
-            ).fetchone()
+            row = conn.execute(SQL.conversation_owner, (conversation_id,)).fetchone()
             return None if row is None else (Owner(tenant=row[0], sub=row[1]), row[2])
 
         return await self._read(read)
@@ -260,11 +220,7 @@ class SqliteStore:
         if limit <= 0:
             return []
         def read(conn: sqlite3.Connection) -> list[Event]:
-            rows = conn.execute(
-                "SELECT seq, event, data, ts FROM events WHERE conversation_id = ? AND seq > ?"
-                " ORDER BY seq LIMIT ?",
-                (conversation_id, after_seq, limit),
-            ).fetchall()
+            rows = conn.execute(SQL.read_events, (conversation_id, after_seq, limit)).fetchall()
             return [decode_event(conversation_id, *row) for row in rows]
 
         return await self._read(read)
@@ -279,9 +235,7 @@ class SqliteStore:
 
     async def load_snapshot(self, conversation_id: str) -> tuple[int, bytes] | None:
         def read(conn: sqlite3.Connection) -> tuple[int, bytes] | None:
-            row = conn.execute(
-                "SELECT seq, data FROM snapshots WHERE conversation_id = ?", (conversation_id,)
-            ).fetchone()
+            row = conn.execute(SQL.load_snapshot, (conversation_id,)).fetchone()
             return None if row is None else (row[0], bytes(row[1]))
 
         return await self._read(read)
@@ -305,10 +259,7 @@ class SqliteStore:
 
     async def tool_result(self, conversation_id: str, call_id: str) -> bytes | None:
         def read(conn: sqlite3.Connection) -> bytes | None:
-            row = conn.execute(
-                "SELECT payload FROM tool_results WHERE conversation_id = ? AND call_id = ?",
-                (conversation_id, call_id),
-            ).fetchone()
+            row = conn.execute(SQL.tool_result, (conversation_id, call_id)).fetchone()
             return None if row is None else bytes(row[0])
 
         return await self._read(read)
@@ -318,7 +269,7 @@ class SqliteStore:
 
 
 def _last_seq(conversation_id: str, conn: sqlite3.Connection) -> int:
-    row = conn.execute("SELECT last_seq FROM streams WHERE conversation_id = ?", (conversation_id,)).fetchone()
+    row = conn.execute(SQL.last_seq, (conversation_id,)).fetchone()
     return 0 if row is None else int(row[0])
 
 
@@ -329,57 +280,32 @@ def _append(conversation_id: str, rows: list[tuple[str, int, str, bytes, float]]
     first = rows[0][1]
     if first != last + 1:
         raise SeqConflict(conversation_id, first, last)
-    conn.execute(
-        "INSERT INTO streams (conversation_id, last_seq) VALUES (?, ?)"
-        " ON CONFLICT (conversation_id) DO UPDATE SET last_seq = excluded.last_seq",
-        (conversation_id, rows[-1][1]),
-    )
-    conn.executemany("INSERT INTO events (conversation_id, seq, event, data, ts) VALUES (?, ?, ?, ?, ?)", rows)
+    conn.execute(SQL.set_last_seq, (conversation_id, rows[-1][1]))
+    conn.executemany(SQL.insert_event, rows)
 
 
 def _create_conversation(
     conversation_id: str, owner: Owner, agent: str, created_at: float, conn: sqlite3.Connection
 ) -> None:
-    cur = conn.execute(
-        "INSERT INTO conversations (conversation_id, tenant, sub, agent, created_at) VALUES (?, ?, ?, ?, ?)"
-        " ON CONFLICT (conversation_id) DO NOTHING",
-        (conversation_id, owner.tenant, owner.sub, agent, created_at),
-    )
+    cur = conn.execute(SQL.insert_conversation, (conversation_id, owner.tenant, owner.sub, agent, created_at))
     if cur.rowcount == 1:
         return
-    row = conn.execute(
-        "SELECT tenant, sub, agent FROM conversations WHERE conversation_id = ?", (conversation_id,)
-    ).fetchone()
+    row = conn.execute(SQL.conversation_owner, (conversation_id,)).fetchone()
     if tuple(row) != (owner.tenant, owner.sub, agent):
         raise ConversationExists(conversation_id)
 
 
 def _save_snapshot(conversation_id: str, seq: int, data: bytes, conn: sqlite3.Connection) -> None:
-    conn.execute(
-        "INSERT INTO snapshots (conversation_id, seq, data) VALUES (?, ?, ?)"
-        " ON CONFLICT (conversation_id) DO UPDATE SET seq = excluded.seq, data = excluded.data"
-        " WHERE excluded.seq >= snapshots.seq",
-        (conversation_id, seq, data),
-    )
+    conn.execute(SQL.save_snapshot, (conversation_id, seq, data))
 
 
 def _remember_key(conversation_id: str, key: str, now: float, conn: sqlite3.Connection) -> bool:
-    cur = conn.execute(
-        "INSERT INTO idempotency_keys (conversation_id, key, seen_at) VALUES (?, ?, ?)"
-        " ON CONFLICT (conversation_id, key) DO NOTHING",
-        (conversation_id, key, now),
-    )
-    return cur.rowcount == 1
+    return conn.execute(SQL.remember_key, (conversation_id, key, now)).rowcount == 1
 
 
 def _prune_keys(older_than: float, conn: sqlite3.Connection) -> int:
-    return conn.execute("DELETE FROM idempotency_keys WHERE seen_at < ?", (older_than,)).rowcount
+    return conn.execute(SQL.prune_keys, (older_than,)).rowcount
 
 
 def _record_tool_result(conversation_id: str, call_id: str, payload: bytes, conn: sqlite3.Connection) -> bool:
-    cur = conn.execute(
-        "INSERT INTO tool_results (conversation_id, call_id, payload) VALUES (?, ?, ?)"
-        " ON CONFLICT (conversation_id, call_id) DO NOTHING",
-        (conversation_id, call_id, payload),
-    )
-    return cur.rowcount == 1
+    return conn.execute(SQL.record_tool_result, (conversation_id, call_id, payload)).rowcount == 1

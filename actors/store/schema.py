@@ -1,0 +1,177 @@
+"""The one home of the stores' schema and SQL (docs/design.md#store).
+
+Both stores keep the same tables and run the same statements; the dialects differ only in the
+placeholder style (`?` for sqlite3, `%s` for psycopg), a few type names, and SQLite's
+`WITHOUT ROWID` on the tables that are only ever reached by their primary key. So the DDL is one
+template and every statement is written once, with `?` placeholders, and rendered per dialect:
+`SQLITE_SQL` and `POSTGRES_SQL`. The rendered DDL is, to the byte, what the stores always created,
+so existing databases keep working.
+
+What only one dialect runs is marked as such: SQLite appends row-wise (`executemany`), while
+PostgreSQL writes all the appends of a batch set-wise (`unnest`) after locking their `streams`
+rows. Connection and transaction control (pragmas, savepoints, the advisory lock) stays with each
+store's concurrency model, in its own module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    """What differs between the SQL the two stores speak."""
+
+    name: str
+    param: str           # the DB-API placeholder of the driver
+    text: str
+    integer: str         # 64-bit
+    real: str            # 64-bit float
+    blob: str
+    without_rowid: str   # the clause closing a table reached only by its primary key
+
+    def sql(self, statement: str) -> str:
+        """`statement`, written with `?` placeholders, in this dialect's placeholder style."""
+        # psycopg reads any `%` as a placeholder: statements here have none to escape.
+        assert "%" not in statement, statement
+        return statement.replace("?", self.param)
+
+
+SQLITE = Dialect("sqlite", "?", "TEXT", "INTEGER", "REAL", "BLOB", " WITHOUT ROWID")
+POSTGRES = Dialect("postgresql", "%s", "text", "bigint", "double precision", "bytea", "")
+
+# Tables. `streams` holds each conversation's last_seq: the append's seq check reads it inside the
+# committing transaction (docs/design.md#write-ahead), and the events primary key is the backstop.
+_DDL = """
+CREATE TABLE IF NOT EXISTS conversations (
+    conversation_id {text} PRIMARY KEY,
+    tenant {text} NOT NULL,
+    sub {text} NOT NULL,
+    agent {text} NOT NULL,
+    created_at {real} NOT NULL
+);
+CREATE TABLE IF NOT EXISTS streams (
+    conversation_id {text} PRIMARY KEY,
+    last_seq {integer} NOT NULL
+){without_rowid};
+CREATE TABLE IF NOT EXISTS events (
+    conversation_id {text} NOT NULL,
+    seq {integer} NOT NULL,
+    event {text} NOT NULL,
+    data {blob} NOT NULL,
+    ts {real} NOT NULL,
+    PRIMARY KEY (conversation_id, seq)
+){without_rowid};
+CREATE TABLE IF NOT EXISTS snapshots (
+    conversation_id {text} PRIMARY KEY,
+    seq {integer} NOT NULL,
+    data {blob} NOT NULL
+);
+CREATE TABLE IF NOT EXISTS idempotency_keys (
+    conversation_id {text} NOT NULL,
+    key {text} NOT NULL,
+    seen_at {real} NOT NULL,
+    PRIMARY KEY (conversation_id, key)
+){without_rowid};
+CREATE INDEX IF NOT EXISTS idempotency_keys_seen_at ON idempotency_keys (seen_at);
+CREATE TABLE IF NOT EXISTS tool_results (
+    conversation_id {text} NOT NULL,
+    call_id {text} NOT NULL,
+    payload {blob} NOT NULL,
+    PRIMARY KEY (conversation_id, call_id)
+);
+"""
+
+# The heads and tails the row-wise (SQLite) and set-wise (PostgreSQL) appends share.
+_INSERT_EVENTS = "INSERT INTO events (conversation_id, seq, event, data, ts)"
+_UPSERT_STREAMS = "INSERT INTO streams (conversation_id, last_seq)"
+_SET_LAST_SEQ = " ON CONFLICT (conversation_id) DO UPDATE SET last_seq = excluded.last_seq"
+
+
+class Statements:
+    """The schema and every statement both stores run, in one dialect."""
+
+    def __init__(self, dialect: Dialect) -> None:
+        sql = dialect.sql
+        self.dialect = dialect
+        self.schema = _DDL.format(
+            text=dialect.text,
+            integer=dialect.integer,
+            real=dialect.real,
+            blob=dialect.blob,
+            without_rowid=dialect.without_rowid,
+        )
+
+        # conversations: created once; a repeat with the same owner and agent is a no-op.
+        self.insert_conversation = sql(
+            "INSERT INTO conversations (conversation_id, tenant, sub, agent, created_at)"
+            " VALUES (?, ?, ?, ?, ?) ON CONFLICT (conversation_id) DO NOTHING"
+        )
+        self.conversation_owner = sql(
+            "SELECT tenant, sub, agent FROM conversations WHERE conversation_id = ?"
+        )
+
+        # events
+        self.read_events = sql(
+            "SELECT seq, event, data, ts FROM events WHERE conversation_id = ? AND seq > ?"
+            " ORDER BY seq LIMIT ?"
+        )
+        self.last_seq = sql("SELECT last_seq FROM streams WHERE conversation_id = ?")
+
+        # snapshots: a newer snapshot replaces an older one, never the other way round.
+        self.save_snapshot = sql(
+            "INSERT INTO snapshots (conversation_id, seq, data) VALUES (?, ?, ?)"
+            " ON CONFLICT (conversation_id) DO UPDATE SET seq = excluded.seq, data = excluded.data"
+            " WHERE excluded.seq >= snapshots.seq"
+        )
+        self.load_snapshot = sql("SELECT seq, data FROM snapshots WHERE conversation_id = ?")
+
+        # idempotency keys (docs/wire-protocol.md#10-delivery-idempotency-resume-multiplexing):
+        # checked and inserted in one atomic statement; the first insert wins.
+        self.remember_key = sql(
+            "INSERT INTO idempotency_keys (conversation_id, key, seen_at) VALUES (?, ?, ?)"
+            " ON CONFLICT (conversation_id, key) DO NOTHING"
+        )
+        self.prune_keys = sql("DELETE FROM idempotency_keys WHERE seen_at < ?")
+
+        # tool results: the first durable result wins (docs/design.md#recovery).
+        self.record_tool_result = sql(
+            "INSERT INTO tool_results (conversation_id, call_id, payload) VALUES (?, ?, ?)"
+            " ON CONFLICT (conversation_id, call_id) DO NOTHING"
+        )
+        self.tool_result = sql("SELECT payload FROM tool_results WHERE conversation_id = ? AND call_id = ?")
+
+
+class SqliteStatements(Statements):
+    """SQLite only: an append is written row by row (`executemany`) and its stream row set."""
+
+    def __init__(self) -> None:
+        super().__init__(SQLITE)
+        self.insert_event = SQLITE.sql(_INSERT_EVENTS + " VALUES (?, ?, ?, ?, ?)")
+        self.set_last_seq = SQLITE.sql(_UPSERT_STREAMS + " VALUES (?, ?)" + _SET_LAST_SEQ)
+
+
+class PostgresStatements(Statements):
+    """PostgreSQL only: all the appends of a batch in three statements, whatever their number.
+
+    Each statement takes arrays (one element per row, psycopg adapts Python lists).
+    """
+
+    def __init__(self) -> None:
+        super().__init__(POSTGRES)
+        # Locks the streams rows of the batch's conversations in id order (see postgres._append_all).
+        self.lock_streams = (
+            "SELECT conversation_id, last_seq FROM streams WHERE conversation_id = ANY(%s)"
+            " ORDER BY conversation_id FOR UPDATE"
+        )
+        self.insert_events = (
+            _INSERT_EVENTS
+            + " SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::bytea[], %s::float8[])"
+        )
+        self.set_last_seqs = (
+            _UPSERT_STREAMS + " SELECT * FROM unnest(%s::text[], %s::bigint[])" + _SET_LAST_SEQ
+        )
+
+
+SQLITE_SQL = SqliteStatements()
+POSTGRES_SQL = PostgresStatements()
