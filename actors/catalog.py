@@ -1,15 +1,16 @@
-"""What the runtime knows about a tool without running it (SPEC §3.2, §4.5, §8).
+"""What the runtime knows about a tool without running it (docs/design.md#traits, #states).
 
 The round's gates decide from these declarations alone; the tool registry builds them from
-each tool's own definition, and an agent profile may override a trait per connection.
+each tool's own definition, and an agent profile may override a trait per connection. A turn
+runs tools only through a `ToolExecutor`: in-process, or the tool pool over Ray.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 
 class Trait(StrEnum):
@@ -21,7 +22,7 @@ class Trait(StrEnum):
 
 class Safety(StrEnum):
     SAFE = "safe"
-    WRITE = "write"                # absent in ask mode (§4.6)
+    WRITE = "write"                # absent in ask mode (docs/design.md#ask-mode)
 
 
 ASK_USER_TOOL = "react.ask_user"
@@ -54,7 +55,7 @@ class ToolCall:
 
 @dataclass(frozen=True, slots=True)
 class Observation:
-    """What the world said about one call. Every call gets exactly one (SPEC §4.2)."""
+    """What the world said about one call. Every call gets exactly one (docs/design.md#observations)."""
 
     call_id: str
     tool_id: str
@@ -102,3 +103,14 @@ class Catalog:
     def restricted_to(self, tool_ids: Iterable[str]) -> Catalog:
         keep = set(tool_ids)
         return Catalog(d for d in self._decls.values() if d.tool_id in keep)
+
+
+class ToolExecutor(Protocol):
+    """Runs a batch of accepted calls; every call gets exactly one observation, in call order."""
+
+    async def execute_batch(
+        self, conversation_id: str, turn_id: str, calls: Sequence[ToolCall], *,
+        exploration_cap: int, timeout_s: float, catalog: Catalog | None = None,
+    ) -> list[Observation]: ...
+
+    async def reset_exploration(self, conversation_id: str) -> None: ...

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -32,7 +32,7 @@ from protocol.timeline import (
 )
 
 Message = dict[str, str]
-TokenCounter = Callable[[Sequence[Message]], int]
+TokenCounter = Callable[[Sequence[Mapping[str, str]]], int]
 
 LEDGER_MAX_CHARS: Final = 1500
 

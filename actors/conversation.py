@@ -1,9 +1,10 @@
-"""The conversation: a logical actor, single writer of its state (SPEC §5).
+"""The conversation: a logical actor, single writer of its state (docs/design.md#hosting).
 
 It owns the timeline, the step ledger, mode, agent state, the queue of pending user messages and
 the event log (where seq is assigned). Commands arrive one at a time from its host's mailbox;
-turns run one after another, so two user messages never interleave within one turn (§4.10).
-No Ray and no sockets here: a host (local or Ray) wraps it, and a test drives it directly.
+turns run one after another, so two user messages never interleave within one turn
+(docs/design.md#follow-ups). No Ray and no sockets here: a host (local or Ray) wraps it, and a
+test drives it directly. It is the `TurnContext` its turns run in.
 """
 
 from __future__ import annotations
@@ -11,23 +12,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any
 
 import msgspec
 
-from actors.catalog import Catalog, Observation, ToolCall
+from actors.catalog import Catalog, ToolExecutor
 from actors.context import Step, TokenCounter
 from actors.eventlog import EventLog
-from actors.profile import AgentProfile
+from actors.llm.stream import StreamItem
+from actors.profile import AgentProfile, Policies
 from actors.tools.registry import ToolRegistry
 from actors.turn import Turn, TurnProgress
+from protocol.events import EventData
+from protocol.frames import Mode
 from protocol.timeline import Block
 
 log = logging.getLogger("reactgate.conversation")
-
-Mode = Literal["agent", "ask"]
 
 
 class QueuedMessage(msgspec.Struct, frozen=True):
@@ -36,11 +38,11 @@ class QueuedMessage(msgspec.Struct, frozen=True):
 
 
 class ConversationState(msgspec.Struct, kw_only=True):
-    """Everything a snapshot holds; re-activation on any host starts from it (SPEC §5 Passivation)."""
+    """Everything a snapshot holds; re-activation on any host starts from it (docs/design.md#passivation)."""
 
     conversation_id: str
     agent: str
-    mode: Mode = "agent"
+    mode: Mode = Mode.AGENT
     agent_state: str = "default"
     timeline: list[Block] = msgspec.field(default_factory=list)
     ledger: list[Step] = msgspec.field(default_factory=list)
@@ -56,15 +58,6 @@ class ConversationState(msgspec.Struct, kw_only=True):
     @staticmethod
     def decode(data: bytes) -> ConversationState:
         return msgspec.msgpack.decode(data, type=ConversationState)
-
-
-class ToolExecutor(Protocol):
-    async def execute_batch(
-        self, conversation_id: str, turn_id: str, calls: Sequence[ToolCall], *,
-        exploration_cap: int, timeout_s: float, catalog: Catalog | None = None,
-    ) -> list[Observation]: ...
-
-    async def reset_exploration(self, conversation_id: str) -> None: ...
 
 
 StreamModel = Callable[..., AsyncGenerator[Any, None]]
@@ -94,16 +87,14 @@ class Conversation:
     def __init__(self, state: ConversationState, profile: AgentProfile, runtime: Runtime, events: EventLog) -> None:
         self.state = state
         self.profile = profile
-        self.policies = profile.policies
         self.runtime = runtime
         self.events = events
-        self.tools = runtime.tools
-        self.catalog = (
+        self._catalog = (
             runtime.registry.catalog()
             .restricted_to(profile.tool_ids)
             .with_overrides(profile.trait_overrides(), profile.tool_states())
         )
-        self.count_tokens = runtime.count_tokens or litellm_token_counter(profile.model)
+        self._count_tokens = runtime.count_tokens or litellm_token_counter(profile.model)
         self._answers: dict[str, asyncio.Future[str]] = {}
         self._turn: Turn | None = None
         self._runner: asyncio.Task[None] | None = None
@@ -120,15 +111,49 @@ class Conversation:
     def busy(self) -> bool:
         return not self._idle.is_set()
 
+    # -- what a turn reads (TurnContext) -------------------------------------------------------
+
+    @property
+    def agent_name(self) -> str:
+        return self.profile.name
+
+    @property
+    def policies(self) -> Policies:
+        return self.profile.policies
+
+    @property
+    def catalog(self) -> Catalog:
+        return self._catalog
+
+    @property
+    def tools(self) -> ToolExecutor:
+        return self.runtime.tools
+
+    @property
+    def agent_state(self) -> str:
+        return self.state.agent_state
+
+    @property
+    def mode(self) -> Mode:
+        return self.state.mode
+
+    @property
+    def timeline(self) -> Sequence[Block]:
+        return self.state.timeline
+
+    @property
+    def ledger(self) -> Sequence[Step]:
+        return self.state.ledger
+
     # -- the mailbox ------------------------------------------------------------------------------
 
     def user_message(self, message_id: str, text: str) -> None:
-        """Start a turn, or queue it as a follow-up if one is running (SPEC §4.10)."""
+        """Start a turn, or queue it as a follow-up if one is running (docs/design.md#follow-ups)."""
         self.state.queue.append(QueuedMessage(message_id, text))
         self._kick()
 
     def resume(self) -> None:
-        """After activation: continue a turn cut by a crash, then anything queued."""
+        """After activation: continue a turn cut by a crash, then anything queued (docs/design.md#recovery)."""
         if self.state.current is not None or self.state.queue:
             self._kick()
 
@@ -146,7 +171,7 @@ class Conversation:
         return True
 
     def set_mode(self, mode: Mode) -> None:
-        """Sticky until changed; the next round's tool list and gates follow it (SPEC §4.6)."""
+        """Sticky until changed; the next round's tool list and gates follow it (docs/design.md#ask-mode)."""
         self.state.mode = mode
 
     def cancel(self) -> None:
@@ -172,6 +197,10 @@ class Conversation:
         """A consistent point (turn start, round end, tools observed, turn end): the host saves it.
         Returns what to await for the save to be durable (None when nothing saves)."""
         self.state.current = self._turn.progress() if self._turn is not None else None
+        return self.save()
+
+    def save(self) -> Awaitable[None] | None:
+        """Save the state as it is (recovery saves what it applied before any turn runs again)."""
         if self.on_checkpoint is not None:
             return self.on_checkpoint()
         return None
@@ -182,18 +211,24 @@ class Conversation:
             self.state.tools = export(self.conversation_id)
         return self.state.encode()
 
-    # -- for the turn ------------------------------------------------------------------------------
+    # -- what a turn does (TurnContext) ---------------------------------------------------------------
 
-    def emit(self, name: str, data: dict[str, Any]) -> None:
-        self.events.emit(name, data)
+    def emit(self, data: EventData) -> None:
+        self.events.emit(data)
 
     def record(self, block: Block) -> None:
         self.state.timeline.append(block)
 
+    def add_step(self, step: Step) -> None:
+        self.state.ledger.append(step)
+
+    def count_tokens(self, messages: Sequence[Mapping[str, str]]) -> int:
+        return self._count_tokens(messages)
+
     def validate_params(self, tool_id: str, params: Mapping[str, object]) -> list[str]:
         return self.runtime.registry.validate_params(tool_id, params)[1]
 
-    def stream(self, messages: list[dict[str, str]]) -> AsyncGenerator[Any, None]:
+    def stream(self, messages: list[dict[str, str]]) -> AsyncIterator[StreamItem]:
         return self.runtime.stream_model(  # type: ignore[no-any-return]
             self.profile.models, messages, conversation_id=self.conversation_id,
             next_call_index=self._next_call_index, **self.runtime.model_kwargs,
@@ -205,7 +240,7 @@ class Conversation:
         return index
 
     def resolve_state(self, result: Mapping[str, Any]) -> None:
-        """After a transitions_state tool: its result names the new state (SPEC §4.5)."""
+        """After a transitions_state tool: its result names the new state (docs/design.md#states)."""
         new = result.get("state")
         if isinstance(new, str) and new in self.profile.states:
             self.state.agent_state = new
@@ -237,11 +272,11 @@ class Conversation:
             while self.state.current is not None or self.state.queue:
                 resumed = self.state.current is not None
                 if self.state.current is not None:
-                    turn = Turn.resume(self, self.state.current)
+                    turn = Turn(self, self.state.current)
                 else:
                     message = self.state.queue.pop(0)
                     self.state.turns += 1
-                    turn = Turn(self, f"t{self.state.turns}", message.message_id, message.text)
+                    turn = Turn.new(self, f"t{self.state.turns}", message.message_id, message.text)
                 self._turn = turn
                 try:
                     await turn.run(resumed=resumed)

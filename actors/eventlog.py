@@ -1,11 +1,12 @@
-"""A conversation's event log: seq assignment, delta coalescing, write-ahead publishing (SPEC §5, §6).
+"""A conversation's event log: seq assignment, delta coalescing, write-ahead publishing
+(docs/design.md#event-log).
 
 - `seq` is assigned here, once an event is final, strictly increasing by 1 and never reused.
 - Coalescing: the first delta of a lane is final at once (time to first token); later deltas of
-  the same lane merge for up to `flush_interval_ms`. Any other event closes the open delta
-  first, so order is preserved.
+  the same lane — same kind, turn and round — merge for up to `flush_interval_ms`. Any other
+  event closes the open delta first, so order is preserved.
 - Write-ahead rule: events go to subscribers only after `persist` returned (the store made them
-  durable). No event reaches a client before it is durable.
+  durable). No event reaches a client before it is durable (docs/design.md#write-ahead).
 """
 
 from __future__ import annotations
@@ -14,14 +15,30 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from dataclasses import dataclass, field
 
-from protocol.events import Event
+import msgspec
+
+from protocol.events import AnswerDelta, Event, EventData, ThinkingDelta
 
 Persist = Callable[[Sequence[Event]], Awaitable[None]]
 Publish = Callable[[Sequence[Event]], None]
+Delta = ThinkingDelta | AnswerDelta
 
-DELTA_EVENTS = frozenset({"thinking.delta", "answer.delta"})
+
+@dataclass(slots=True)
+class _OpenDelta:
+    """A lane's deltas being merged into one event; `ts` is when the first of them arrived."""
+
+    first: Delta
+    ts: float
+    texts: list[str] = field(default_factory=list)
+
+    def lane(self) -> tuple[type, str, int]:
+        return type(self.first), self.first.turn_id, self.first.round
+
+    def event_data(self) -> Delta:
+        return msgspec.structs.replace(self.first, text="".join(self.texts))
 
 
 class EventLog:
@@ -40,8 +57,8 @@ class EventLog:
         self._interval = flush_interval_ms / 1000
         self._persist = persist
         self._clock = clock
-        self._open: tuple[tuple[Any, ...], str, dict[str, Any], float] | None = None  # lane, name, data, ts
-        self._lanes_seen: set[tuple[Any, ...]] = set()
+        self._open: _OpenDelta | None = None
+        self._lanes_seen: set[tuple[type, str, int]] = set()
         self._outbox: list[Event] = []
         self._subscribers: list[Publish] = []
         self._wake = asyncio.Event()
@@ -52,39 +69,34 @@ class EventLog:
 
     # -- producing -------------------------------------------------------------------------------
 
-    def emit(self, name: str, data: dict[str, Any]) -> None:
+    def emit(self, data: EventData) -> None:
         """Record an event; coalesces deltas of one lane. Never blocks (single writer, no awaits)."""
         if self._failure is not None:
             raise RuntimeError("the event log can no longer persist") from self._failure
-        if name in DELTA_EVENTS:
-            lane = (name, data.get("turn_id"), data.get("round"))
-            if self._open is not None and self._open[0] == lane and self._interval > 0:
-                open_data = self._open[2]
-                open_data["text"] += data["text"]
+        if isinstance(data, ThinkingDelta | AnswerDelta):
+            lane = (type(data), data.turn_id, data.round)
+            if self._open is not None and self._open.lane() == lane and self._interval > 0:
+                self._open.texts.append(data.text)
                 return
             self._close_open()
             if lane not in self._lanes_seen or self._interval <= 0:
                 self._lanes_seen.add(lane)
-                self._final(name, data)  # the first delta of a lane goes at once
+                self._final(data)  # the first delta of a lane goes at once
                 return
-            self._open = (lane, name, dict(data), self._clock())
+            self._open = _OpenDelta(data, self._clock(), [data.text])
             self._kick()
             return
         self._close_open()
-        self._final(name, data)
+        self._final(data)
 
     def _close_open(self) -> None:
         if self._open is not None:
-            _, name, data, ts = self._open
-            self._open = None
-            self._final(name, data, ts)
+            open_delta, self._open = self._open, None
+            self._final(open_delta.event_data(), open_delta.ts)
 
-    def _final(self, name: str, data: dict[str, Any], ts: float | None = None) -> None:
+    def _final(self, data: EventData, ts: float | None = None) -> None:
         self.last_seq += 1
-        self._outbox.append(
-            Event(conversation_id=self.conversation_id, seq=self.last_seq, event=name, data=data,
-                  ts=ts if ts is not None else self._clock())
-        )
+        self._outbox.append(Event.of(self.conversation_id, self.last_seq, data, ts if ts is not None else self._clock()))
         self._kick()
 
     def _kick(self) -> None:

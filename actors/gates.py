@@ -1,4 +1,4 @@
-"""Gates and the rules that open or shut them (SPEC §3.1).
+"""Gates and the rules that open or shut them (docs/design.md#gates).
 
 Every user-visible character of an action lane passes a gate (guarantee 1). A gate is `pending`
 until the action type (and for call_tool the tool id) is known; while pending its output is
@@ -14,10 +14,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Final, Literal
+from typing import Final
 
 from actors.catalog import ASK_USER_TOOL, Catalog, Safety, Trait
 from protocol.actions import ActionType
+from protocol.frames import Mode
 from protocol.notices import NoticeCode
 
 E, X, N, U = Trait.EXPLORATION, Trait.EXPLOITATION, Trait.NEUTRAL, Trait.UNKNOWN
@@ -36,12 +37,10 @@ def traits_compatible(accepted: Trait, candidate: Trait) -> bool:
     return TRAIT_MATRIX[accepted, candidate]
 
 
-# The exploration-budget confirmation protocol (SPEC §4.3).
+# The exploration-budget confirmation protocol (docs/design.md#exploration-budget).
 EXPLORATION_MARKER: Final = "[[EXPLORATION_BUDGET]]"
 CONTINUE_EXPLORING: Final = "Continue exploring"
 STOP_EXPLORING: Final = "Stop for now"
-
-Mode = Literal["agent", "ask"]
 
 
 class GateStatus(StrEnum):
@@ -56,13 +55,13 @@ class RoundRules:
 
     catalog: Catalog
     state: str = "default"
-    mode: Mode = "agent"
+    mode: Mode = Mode.AGENT
     max_actions: int = 2
-    finish_legal: bool = True           # §4.1, evaluated by the turn before the round
+    finish_legal: bool = True           # evaluated by the turn before the round (#observe-before-finish)
     finish_illegal_reason: str = ""
-    confirmation_required: bool = False  # §4.3: the next tool call must be the budget question
-    exploration_stopped: bool = False    # §4.3: the user chose "Stop for now"
-    finalize_only: bool = False          # §4.9: after a steer only complete/exit are available
+    confirmation_required: bool = False  # the next tool call must be the budget question (#exploration-budget)
+    exploration_stopped: bool = False    # the user chose "Stop for now" (#exploration-budget)
+    finalize_only: bool = False          # after a steer only complete/exit are available (#steer)
     validate_params: Callable[[str, Mapping[str, object]], list[str]] | None = None
 
     def tool_available(self, tool_id: str) -> bool:
@@ -71,7 +70,7 @@ class RoundRules:
         return (
             decl is not None
             and decl.available_in(self.state)
-            and not (self.mode == "ask" and decl.safety is Safety.WRITE)
+            and not (self.mode == Mode.ASK and decl.safety is Safety.WRITE)
             and not (self.exploration_stopped and decl.trait is Trait.EXPLORATION)
         )
 
@@ -147,7 +146,7 @@ def _tool(c: Candidate, accepted: Sequence[Candidate], rules: RoundRules) -> Ver
         return Verdict(
             False, NoticeCode.TOOL_UNAVAILABLE, f"{tool_id} is not available in state {rules.state!r}; it was not run"
         )
-    if rules.mode == "ask" and decl.safety is Safety.WRITE:
+    if rules.mode == Mode.ASK and decl.safety is Safety.WRITE:
         return Verdict(
             False, NoticeCode.ASK_MODE_DENIED,
             f"{tool_id} writes, and the conversation is in ask mode; it was not run",
@@ -171,7 +170,7 @@ def _tool(c: Candidate, accepted: Sequence[Candidate], rules: RoundRules) -> Ver
     return ALLOW
 
 
-# Applied in order; the first rule with a verdict decides (SPEC §3.1 rules 1–4).
+# Applied in order; the first rule with a verdict decides (docs/design.md#gates, rules 1–4).
 GATE_RULES: Final[tuple[Rule, ...]] = (_too_many_actions, _after_final, _finish, _tool)
 
 

@@ -195,7 +195,7 @@ class HostCore:
         # A crash may have cut a turn after its last checkpoint (SPEC §5 Faults): apply the log's
         # tail, then resume whatever was running or queued.
         tail = await self.store.read_events(conversation_id, after, limit=last_seq - after) if last_seq > after else []
-        await recover(conv, tail, self.store)
+        recover(conv, tail)
         return active
 
     def _publish(self, conversation_id: str, batch: Sequence[Event]) -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from protocol.events import Event
+from protocol.frames import Mode
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +62,7 @@ class Answer:
 @dataclass(frozen=True, slots=True)
 class SetMode:
     id: str
-    mode: Literal["agent", "ask"]
+    mode: Mode
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,15 +1,16 @@
-"""One governed round: model deltas in, gated lane output and a verdict out (SPEC §2–§3).
+"""One governed round: model deltas in, gated lane output and a verdict out (docs/design.md#round).
 
 Sans-I/O: `RoundEngine.feed(delta)` returns the events a client may see now; `finish()` returns
-the round's outcome. `run_round` is the thin async shell that drives it from any async iterator
-of string deltas, so a unit test, the local backend and a Ray actor run the same code.
+the round's outcome. The turn drives it from the model stream (`actors/turn.py`); a unit test
+drives it from a list of strings; both run the same code.
 
 Data flows one way: delta → prefix policy → channel parser → action decoder → gates → events.
+The engine knows the parser only through the events it emits (`protocol/channels.py`).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -26,8 +27,10 @@ from actors.gates import (
     Verdict,
     decide,
 )
-from protocol.actions import ActionType, CallTool, Finish
+from protocol.actions import Action, ActionType, CallTool, Finish
 from protocol.channels import (
+    ActionClosed,
+    ActionFailed,
     ActionTyped,
     AnswerText,
     BlockClosed,
@@ -38,21 +41,19 @@ from protocol.channels import (
     ChannelViolation,
     ParserEvent,
 )
+from protocol.events import (
+    AcceptedAction,
+    AnswerDelta,
+    DeniedAction,
+    Lane,
+    RoundCompleted,
+    StreamedState,
+    ThinkingDelta,
+)
 from protocol.notices import Notice, NoticeCode
 from protocol.prefix import PrefixPolicy
 
 # -- what a client may see, as the round streams -------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ThinkingDelta:
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
-class AnswerDelta:
-    index: int
-    text: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +71,7 @@ RoundEvent = ThinkingDelta | AnswerDelta | ToolCallReady
 # -- the verdict -----------------------------------------------------------------------------------
 
 
-class Outcome(StrEnum):
+class RoundOutcome(StrEnum):
     FINISH = "finish"      # a legal, valid complete/exit: the turn ends with it
     SALVAGE = "salvage"    # an answer streamed, then validation failed: keep exactly what streamed
     TOOLS = "tools"        # valid accepted tool calls to execute
@@ -86,36 +87,57 @@ class AcceptedCall:
 
 @dataclass(slots=True)
 class RoundResult:
-    outcome: Outcome
+    outcome: RoundOutcome
     thinking: str
-    streamed_state: dict[str, Any]
+    streamed_state: StreamedState
     calls: list[AcceptedCall]
     final: Finish | None
     summary: str | None
     notices: list[Notice]
-    accepted: list[dict[str, Any]]
-    denied: list[dict[str, Any]]
+    accepted: list[AcceptedAction]
+    denied: list[DeniedAction]
     preamble_aborted: bool = False
 
     @property
     def answer_text(self) -> str:
-        return str(self.streamed_state["answer_text"])
+        return self.streamed_state.answer_text
+
+    def completed(self, turn_id: str, round_no: int, *, steered: bool = False) -> RoundCompleted:
+        """The `round.completed` event of this result."""
+        return RoundCompleted(
+            turn_id=turn_id, round=round_no, streamed_state=self.streamed_state, accepted=self.accepted,
+            denied=self.denied, notices=self.notices, steered=steered,
+        )
+
+
+def interrupted_round(turn_id: str, round_no: int, notice: Notice) -> RoundCompleted:
+    """`round.completed` for a round a crash cut before it could finish (docs/design.md#recovery)."""
+    return RoundCompleted(
+        turn_id=turn_id, round=round_no, streamed_state=StreamedState(False, "", []), accepted=[], denied=[],
+        notices=[notice], interrupted=True,
+    )
 
 
 class RoundEngine:
     """Governs one round. Feed it raw deltas (any size); then `finish()`."""
 
-    def __init__(self, rules: RoundRules, *, call_id_prefix: str) -> None:
+    def __init__(self, rules: RoundRules, *, turn_id: str, round_no: int) -> None:
         self.rules = rules
-        self._call_id_prefix = call_id_prefix
+        self.turn_id = turn_id
+        self.round_no = round_no
         self._prefix = PrefixPolicy()
         self._parser = ChannelParser()
         self._gates: list[Gate] = []
         self._accepted: list[Candidate] = []
+        self._answers: dict[int, list[str]] = {}        # index → every decoded final_answer piece
+        self._closed: dict[int, tuple[Action | None, tuple[str, ...]]] = {}  # index → its verdict
         self._ready: dict[int, AcceptedCall] = {}       # index → announced tool call
         self._awaiting_code: list[int] = []             # uses_code calls waiting for the code block
         self._invalid: dict[int, Notice] = {}           # index → why an allowed action cannot run
+        self._failed: set[int] = set()                  # actions that can no longer be valid
+        self._cut_action: int | None = None             # the action block the stream ended inside
         self._violations: list[str] = []                # channel-level
+        self._texts: dict[Channel, list[str]] = {Channel.THINKING: [], Channel.CODE: [], Channel.SUMMARY: []}
         self._raw: list[str] = []
         self.aborted = False
         self.finished = False
@@ -135,7 +157,7 @@ class RoundEngine:
         return out
 
     def raw_text(self) -> str:
-        """What the model wrote so far — only ever shown to a model after a steer (SPEC §4.9)."""
+        """What the model wrote so far — only ever shown to a model after a steer (docs/design.md#steer)."""
         return "".join(self._raw)
 
     @property
@@ -145,68 +167,75 @@ class RoundEngine:
     @property
     def continuable(self) -> bool:
         """A `length` cut-off may be continued only while the text is still a valid prefix."""
-        return (
-            not self.aborted
-            and not self._violations
-            and not self._invalid
-            and not any(d.failed for d in self._parser.actions)
-        )
+        return not self.aborted and not self._violations and not self._invalid and not self._failed
 
     def _on(self, event: ParserEvent, out: list[RoundEvent]) -> None:
-        # Dispatch on the parser's event kinds; each branch protects one rule of SPEC §3.1.
-        if type(event) is AnswerText:
+        # Dispatch on the parser's event kinds; each branch protects one rule of docs/design.md#gates.
+        kind = type(event)
+        if kind is AnswerText:
+            assert isinstance(event, AnswerText)
+            self._answers.setdefault(event.index, []).append(event.text)
             text = self._gates[event.index].pass_answer(event.text)
             if text:
-                out.append(AnswerDelta(event.index, text))
-        elif type(event) is BlockText:
-            if event.channel is Channel.THINKING:
-                out.append(ThinkingDelta(event.text))  # the thinking lane is always allowed
-        elif type(event) is ActionTyped:
-            self._decide(event.index, out)
-        elif type(event) is BlockOpened:
+                out.append(AnswerDelta(turn_id=self.turn_id, round=self.round_no, text=text))
+        elif kind is BlockText:
+            assert isinstance(event, BlockText)
+            self._texts[event.channel].append(event.text)
+            if event.channel is Channel.THINKING:  # the thinking lane is always allowed
+                out.append(ThinkingDelta(turn_id=self.turn_id, round=self.round_no, text=event.text))
+        elif kind is ActionTyped:
+            assert isinstance(event, ActionTyped)
+            self._decide(event, out)
+        elif kind is BlockOpened:
+            assert isinstance(event, BlockOpened)
             if event.channel is Channel.ACTION:
                 gate = Gate(event.index)
                 self._gates.append(gate)
                 if event.index >= self.rules.max_actions:  # rule 1 needs nothing but the index
-                    verdict = decide(Candidate(event.index, ActionType.CALL_TOOL), self._accepted, self.rules)
-                    gate.settle(verdict, None)
-        elif type(event) is BlockClosed:
-            if event.channel is Channel.ACTION:
-                self._action_closed(event.index, out)
-            elif event.channel is Channel.CODE:
+                    gate.settle(decide(Candidate(event.index, ActionType.CALL_TOOL), self._accepted, self.rules), None)
+        elif kind is ActionClosed:
+            assert isinstance(event, ActionClosed)
+            self._closed[event.index] = (event.action, event.violations)
+            if event.cut:
+                self._cut_action = event.index
+                if self._gates[event.index].status is not GateStatus.PENDING:
+                    return  # a block the stream ended inside never runs: every block must close
+            self._action_closed(event.index, out)
+        elif kind is BlockClosed:
+            assert isinstance(event, BlockClosed)
+            if event.channel is Channel.CODE:
                 self._code_closed(out)
-        elif type(event) is ChannelViolation:
+        elif kind is ActionFailed:
+            assert isinstance(event, ActionFailed)
+            self._failed.add(event.index)
+        elif kind is ChannelViolation:
+            assert isinstance(event, ChannelViolation)
             self._violations.append(event.message)
 
-    def _decide(self, index: int, out: list[RoundEvent]) -> None:
-        gate = self._gates[index]
+    def _decide(self, typed: ActionTyped, out: list[RoundEvent]) -> None:
+        gate = self._gates[typed.index]
         if gate.status is not GateStatus.PENDING:
             return
-        decoder = self._parser.actions[index]
-        assert decoder.action_type is not None
-        decl = self.rules.catalog.get(decoder.tool_id or "")
+        decl = self.rules.catalog.get(typed.tool_id or "")
         candidate = Candidate(
-            index,
-            decoder.action_type,
-            decoder.tool_id,
-            decl.trait if decl is not None else Trait.UNKNOWN,
+            typed.index, typed.action, typed.tool_id, decl.trait if decl is not None else Trait.UNKNOWN,
         )
         verdict = decide(candidate, self._accepted, self.rules)
         released = gate.settle(verdict, candidate)
         if verdict.allowed:
             self._accepted.append(candidate)
         if released:
-            out.append(AnswerDelta(index, released))
+            out.append(AnswerDelta(turn_id=self.turn_id, round=self.round_no, text=released))
 
     def _action_closed(self, index: int, out: list[RoundEvent]) -> None:
         gate = self._gates[index]
-        action, violations = self._parser.actions[index].result()
+        action, violations = self._closed[index]
         if gate.status is GateStatus.PENDING:
             # Never typed: the JSON never said what it was. Shut it; nothing was shown.
             gate.settle(Verdict(False, NoticeCode.SCHEMA, "the action is not valid"), None)
             self._invalid[index] = Notice(
                 code=NoticeCode.SCHEMA, message=f"action {index} is not a valid action",
-                index=index, violations=tuple(violations or ["the action type is missing"]),
+                index=index, violations=violations or ("the action type is missing",),
             )
             return
         if gate.status is GateStatus.DENIED:
@@ -214,8 +243,7 @@ class RoundEngine:
         if action is None:
             self._invalid[index] = Notice(
                 code=NoticeCode.SCHEMA, message=f"action {index} does not match the action schema",
-                index=index, tool_id=gate.candidate.tool_id if gate.candidate else None,
-                violations=tuple(violations),
+                index=index, tool_id=gate.candidate.tool_id if gate.candidate else None, violations=violations,
             )
             return
         if isinstance(action, CallTool):
@@ -235,13 +263,13 @@ class RoundEngine:
             self._invalid[index] = confirmation
             return
         assert gate.candidate is not None
-        call = AcceptedCall(index, ToolCall(f"{self._call_id_prefix}{index}", action.tool_id, action.params), gate.candidate.trait)
+        call_id = f"{self.turn_id}.{self.round_no}.{index}"
+        call = AcceptedCall(index, ToolCall(call_id, action.tool_id, action.params), gate.candidate.trait)
+        self._ready[index] = call
         decl = self.rules.catalog.get(action.tool_id)
         if decl is not None and decl.uses_code:
             self._awaiting_code.append(index)  # its tool.call waits for the code block
-            self._ready[index] = call
             return
-        self._ready[index] = call
         out.append(ToolCallReady(index, call.call, call.trait))
 
     def _params_problems(self, tool_id: str, params: Mapping[str, Any]) -> list[str]:
@@ -265,10 +293,10 @@ class RoundEngine:
         )
 
     def _code_closed(self, out: list[RoundEvent]) -> None:
-        code = "".join(self._parser.code)
         if self._awaiting_code:
             index = self._awaiting_code.pop(0)
             ready = self._ready[index]
+            code = "".join(self._texts[Channel.CODE])
             call = ToolCall(ready.call.call_id, ready.call.tool_id, ready.call.params, code)
             self._ready[index] = AcceptedCall(index, call, ready.trait)
             out.append(ToolCallReady(index, call, ready.trait))
@@ -287,43 +315,40 @@ class RoundEngine:
                 message="the response must start with <channel:thinking>; it was stopped at the first "
                 "character that made that impossible. It began: " + repr(self._prefix.preview()),
             )
-            return out, self._result(Outcome.RETRY, [notice], preamble=True)
+            return out, self._result(RoundOutcome.RETRY, [notice], preamble=True)
         # What a cut (provider error, crash) leaves unfinished is not the model's mistake: the
-        # violations it causes are dropped, the cut notice says what happened (guarantee 4).
+        # violations it causes are dropped, the cut notice says what happened (guarantee 4,
+        # docs/design.md#guarantees).
         written_violations = len(self._violations)
-        cut_action = len(self._parser.actions) - 1 if self._parser.open_block == Channel.ACTION else None
         for event in self._parser.finish():
             self._on(event, out)
         if stopped:
             del self._violations[written_violations:]
         for index in self._awaiting_code:
-            self._ready.pop(index)
+            ready = self._ready.pop(index)
             self._invalid[index] = Notice(
                 code=NoticeCode.CHANNELS,
                 message=f"the call at index {index} needs a <channel:code> block; it was not run",
-                index=index, tool_id=self._parser.actions[index].tool_id,
+                index=index, tool_id=ready.call.tool_id,
             )
         self._awaiting_code.clear()
-        for gate in self._gates:  # still pending at the end: never typed, never shown
-            if gate.status is GateStatus.PENDING:
-                self._action_closed(gate.index, out)
-        notices, valid = self._notices(cut, cut_action if stopped else None, stopped=stopped)
+        notices, valid = self._notices(cut, self._cut_action if stopped else None, stopped=stopped)
         final_gate = next((g for g in self._gates if g.shows_answer), None)
-        final_action = self._parser.actions[final_gate.index].result()[0] if final_gate else None
-        if final_gate is not None and valid and isinstance(final_action, Finish):
-            return out, self._result(Outcome.FINISH, notices, final=final_action)  # type: ignore[arg-type]
+        final_action = self._closed[final_gate.index][0] if final_gate is not None else None
+        if valid and isinstance(final_action, Finish):
+            return out, self._result(RoundOutcome.FINISH, notices, final=final_action)
         if self.answer_streamed:
-            return out, self._result(Outcome.SALVAGE, notices)
+            return out, self._result(RoundOutcome.SALVAGE, notices)
         if self._ready:
-            return out, self._result(Outcome.TOOLS, notices)
-        return out, self._result(Outcome.RETRY, notices)
+            return out, self._result(RoundOutcome.TOOLS, notices)
+        return out, self._result(RoundOutcome.RETRY, notices)
 
     def _notices(
         self, cut: Notice | None, cut_action: int | None = None, *, stopped: bool = False
     ) -> tuple[list[Notice], bool]:
-        """The round's notices, and whether it passed post-stream validation (SPEC §3.4): every
-        block closed, every action's JSON complete and schema-valid, channels consistent. A gate's
-        denial is a notice but not a validation failure."""
+        """The round's notices, and whether it passed post-stream validation (docs/design.md#validation):
+        every block closed, every action's JSON complete and schema-valid, channels consistent. A
+        gate's denial is a notice but not a validation failure."""
         notices: list[Notice] = []
         for gate in self._gates:
             if gate.index == cut_action and verdict_code(gate) in (None, NoticeCode.SCHEMA):
@@ -341,12 +366,12 @@ class RoundEngine:
         violations = list(dict.fromkeys(self._violations))
         if not self._gates and not self._violations and not stopped:
             violations.append("a response needs at least one <channel:action> block")
-        if self._parser.code and not any(
+        if self._texts[Channel.CODE] and not any(
             (decl := self.rules.catalog.get(c.call.tool_id)) is not None and decl.uses_code
             for c in self._ready.values()
         ):
             violations.append("a <channel:code> block is only allowed with a tool that uses code")
-        if self._parser.summary and not any(g.shows_answer for g in self._gates):
+        if self._texts[Channel.SUMMARY] and not any(g.shows_answer for g in self._gates):
             violations.append("a <channel:summary> block is only allowed with complete or exit")
         if violations:
             notices.append(
@@ -361,49 +386,30 @@ class RoundEngine:
             not violations
             and not stopped
             and not self._invalid
-            and all(d.result()[0] is not None for d in self._parser.actions)
+            and all(action is not None for action, _ in self._closed.values())
         )
         return notices, valid
 
-    def _result(self, outcome: Outcome, notices: list[Notice], *, final: Finish | None = None,
+    def _result(self, outcome: RoundOutcome, notices: list[Notice], *, final: Finish | None = None,
                 preamble: bool = False) -> RoundResult:
         answer_text = "".join(
-            self._parser.actions[g.index].answer_so_far()[: g.emitted_chars] for g in self._gates if g.shows_answer
+            "".join(self._answers.get(g.index, ()))[: g.emitted_chars] for g in self._gates if g.shows_answer
         )
-        lanes = [
-            {
-                "index": g.index,
-                "lane": _lane_name(g),
-                "status": str(g.status),
-                "emitted_chars": g.emitted_chars,
-            }
-            for g in self._gates
-        ]
-        accepted = [
-            {"index": c.index, "action": str(c.action), **({"tool_id": c.tool_id} if c.tool_id else {})}
-            for c in self._accepted
-        ]
+        lanes = [Lane(g.index, _lane_name(g), str(g.status), g.emitted_chars) for g in self._gates]
+        accepted = [AcceptedAction(c.index, str(c.action), c.tool_id) for c in self._accepted]
         denied = [
-            {
-                "index": g.index,
-                "code": str(g.verdict.code) if g.verdict and g.verdict.code else None,
-                **({"tool_id": g.candidate.tool_id} if g.candidate and g.candidate.tool_id else {}),
-            }
+            DeniedAction(g.index, verdict_code(g), g.candidate.tool_id if g.candidate else None)
             for g in self._gates
             if g.status is GateStatus.DENIED
         ]
-        summary = "".join(self._parser.summary) if self._parser.summary else None
+        summary = self._texts[Channel.SUMMARY]
         return RoundResult(
             outcome=outcome,
-            thinking="" if preamble else "".join(self._parser.thinking),
-            streamed_state={
-                "answer_streamed": self.answer_streamed,
-                "answer_text": answer_text,
-                "lanes": lanes,
-            },
-            calls=[self._ready[i] for i in sorted(self._ready)] if outcome is not Outcome.RETRY else [],
+            thinking="" if preamble else "".join(self._texts[Channel.THINKING]),
+            streamed_state=StreamedState(self.answer_streamed, answer_text, lanes),
+            calls=[self._ready[i] for i in sorted(self._ready)] if outcome is not RoundOutcome.RETRY else [],
             final=final,
-            summary=summary,
+            summary="".join(summary) if summary else None,
             notices=notices,
             accepted=accepted,
             denied=denied,
@@ -419,25 +425,3 @@ def _lane_name(gate: Gate) -> str:
     if gate.candidate is None:
         return "unknown"
     return "answer" if gate.candidate.action.is_final else "tool"
-
-
-async def run_round(
-    deltas: AsyncIterator[str],
-    engine: RoundEngine,
-    emit: Callable[[RoundEvent], None],
-) -> RoundResult:
-    """Drive an engine from a delta stream; stops reading (and closes the stream) on a preamble abort."""
-    try:
-        async for delta in deltas:
-            for event in engine.feed(delta):
-                emit(event)
-            if engine.aborted:
-                break
-    finally:
-        aclose = getattr(deltas, "aclose", None)
-        if aclose is not None:
-            await aclose()
-    events, result = engine.finish()
-    for event in events:
-        emit(event)
-    return result

@@ -1,36 +1,58 @@
-"""The turn: the loop of rounds between a user message and its final answer (SPEC §4).
+"""The turn: the loop of rounds between a user message and its final answer (docs/design.md#turn).
 
-The phases and their transitions are a table (`TRANSITIONS`); `Turn.run` walks it. A round's
-verdict picks the transition: tools → tool_execution → decision; retry → decision
-(`retry_decision`, never through tool execution); finish or salvage → exit. A steer moves any
-phase to `finalize`, one decision in which only complete/exit are available.
+The phases and their transitions are a table (`TRANSITIONS`), and so is the move each round
+outcome makes (`OUTCOME_MOVES`); `Turn.run` walks them. tools → tool_execution → decision;
+retry → decision (`retry_decision`, never through tool execution); finish or salvage → exit. A
+steer moves any phase to `finalize`, one decision in which only complete/exit are available.
+
+A turn knows its conversation only through `TurnContext`: what it reads (policies, catalog, mode,
+state, timeline) and what it may do (emit, record, checkpoint, call the model and the tools).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 import msgspec
 
-from actors.catalog import ASK_USER_TOOL, Observation, ToolCall, Trait
+from actors.catalog import ASK_USER_TOOL, Catalog, Observation, ToolCall, ToolExecutor, Trait
 from actors.context import Step, assemble, ledger_summary, params_digest, system_prompt
 from actors.gates import CONTINUE_EXPLORING, EXPLORATION_MARKER, RoundRules
-from actors.llm.stream import ModelDelta, ModelFallback, ModelFinished, ProviderError
+from actors.llm.stream import ModelDelta, ModelFallback, ModelFinished, ProviderError, StreamItem
+from actors.profile import Policies
 from actors.round import (
     AcceptedCall,
-    AnswerDelta,
-    Outcome,
     RoundEngine,
     RoundEvent,
+    RoundOutcome,
     RoundResult,
-    ThinkingDelta,
     ToolCallReady,
+    interrupted_round,
 )
+from protocol.events import (
+    AskUser,
+    EndReason,
+    EventData,
+    EventRef,
+    Fallback,
+    IllegalFinish,
+    IterationLimit,
+    NoToolFinish,
+    Salvaged,
+    ToolCalled,
+    ToolResult,
+    TurnCompleted,
+    TurnStarted,
+    UiCommand,
+)
+from protocol.frames import Mode
 from protocol.notices import Notice, NoticeCode
 from protocol.timeline import (
+    Block,
     FinalBlock,
     NoticeBlock,
     SteerBlock,
@@ -40,9 +62,6 @@ from protocol.timeline import (
     ToolResultBlock,
     UserMessageBlock,
 )
-
-if TYPE_CHECKING:
-    from actors.conversation import Conversation
 
 
 class Phase(StrEnum):
@@ -61,8 +80,8 @@ class Move(StrEnum):
     GIVE_UP = "give_up"     # retries or iterations exhausted
 
 
-# (phase, step) → next phase. Anything else is a bug, reported with both names.
-TRANSITIONS: Final[dict[tuple[Phase, Move], Phase]] = {
+# (phase, move) → next phase. Anything else is a bug, reported with both names.
+TRANSITIONS: Final[Mapping[tuple[Phase, Move], Phase]] = {
     (Phase.DECISION, Move.TOOLS): Phase.TOOL_EXECUTION,
     (Phase.DECISION, Move.RETRY): Phase.DECISION,
     (Phase.DECISION, Move.FINISH): Phase.EXIT,
@@ -77,23 +96,83 @@ TRANSITIONS: Final[dict[tuple[Phase, Move], Phase]] = {
     (Phase.FINALIZE, Move.STEER): Phase.FINALIZE,
 }
 
+# What a round's verdict makes the turn do. A salvage finishes like a finish: the user keeps
+# exactly what streamed, and the model is not asked again (docs/design.md#salvage).
+OUTCOME_MOVES: Final[Mapping[RoundOutcome, Move]] = {
+    RoundOutcome.FINISH: Move.FINISH,
+    RoundOutcome.SALVAGE: Move.FINISH,
+    RoundOutcome.TOOLS: Move.TOOLS,
+    RoundOutcome.RETRY: Move.RETRY,
+}
 
-def transition(phase: Phase, step: Move) -> Phase:
+# A checkpoint taken while tools ran resumes at its pending calls, then decides again.
+RESUME_PHASE: Final[Mapping[Phase, Phase]] = {
+    Phase.DECISION: Phase.DECISION,
+    Phase.TOOL_EXECUTION: Phase.DECISION,
+    Phase.FINALIZE: Phase.FINALIZE,
+    Phase.EXIT: Phase.EXIT,
+}
+
+
+def transition(phase: Phase, move: Move) -> Phase:
     try:
-        return TRANSITIONS[phase, step]
+        return TRANSITIONS[phase, move]
     except KeyError:
-        raise RuntimeError(f"illegal turn transition: {step} in phase {phase}") from None
+        raise RuntimeError(f"illegal turn transition: {move} in phase {phase}") from None
 
 
 CONTINUE_PROMPT: Final = (
     "[continue] Your previous response was cut at the length limit. Continue exactly where it stopped, "
     "without repeating anything."
 )
-GIVE_UP_MESSAGES: Final = {
-    "protocol_violation": "Sorry — I could not produce a valid response this time. Please try again.",
-    "iteration_limit": "Sorry — I reached my step limit for this request before finishing.",
-    "error": "Sorry — something went wrong on our side.",
+GIVE_UP_MESSAGES: Final[Mapping[EndReason, str]] = {
+    EndReason.PROTOCOL_VIOLATION: "Sorry — I could not produce a valid response this time. Please try again.",
+    EndReason.ITERATION_LIMIT: "Sorry — I reached my step limit for this request before finishing.",
+    EndReason.ERROR: "Sorry — something went wrong on our side.",
 }
+FINISH_ILLEGAL_REASON: Final = (
+    "finishing is not legal yet: this turn holds no tool observation. Call a tool first and answer after its "
+    "observation."
+)
+ROUND_INTERRUPTED: Final = Notice(
+    code=NoticeCode.ROUND_INTERRUPTED,
+    message="the previous response was cut by a server fault before it finished; decide again",
+)
+
+
+class TurnContext(Protocol):
+    """What a turn needs from its conversation (`actors.conversation.Conversation` provides it)."""
+
+    @property
+    def conversation_id(self) -> str: ...
+    @property
+    def agent_name(self) -> str: ...
+    @property
+    def policies(self) -> Policies: ...
+    @property
+    def catalog(self) -> Catalog: ...
+    @property
+    def tools(self) -> ToolExecutor: ...
+    @property
+    def agent_state(self) -> str: ...
+    @property
+    def mode(self) -> Mode: ...
+    @property
+    def timeline(self) -> Sequence[Block]: ...
+    @property
+    def ledger(self) -> Sequence[Step]: ...
+
+    def emit(self, data: EventData) -> None: ...
+    def record(self, block: Block) -> None: ...
+    def add_step(self, step: Step) -> None: ...
+    def checkpoint(self) -> Awaitable[None] | None: ...
+    def validate_params(self, tool_id: str, params: Mapping[str, object]) -> list[str]: ...
+    def count_tokens(self, messages: Sequence[Mapping[str, str]]) -> int: ...
+    def stream(self, messages: list[dict[str, str]]) -> AsyncIterator[StreamItem]: ...
+    def resolve_state(self, result: Mapping[str, Any]) -> None: ...
+    def expect_answer(self, ask_id: str) -> asyncio.Future[str]: ...
+    def forget_answer(self, ask_id: str) -> None: ...
+    def log_exception(self, message: str) -> None: ...
 
 
 class _Steered(Exception):
@@ -106,14 +185,18 @@ class PendingCall(msgspec.Struct, frozen=True):
     params: dict[str, Any]
     code: str | None = None
 
+    def as_call(self) -> ToolCall:
+        return ToolCall(self.call_id, self.tool_id, self.params, self.code)
+
 
 class TurnProgress(msgspec.Struct, kw_only=True):
-    """A running turn as the snapshot keeps it, so a re-activation elsewhere resumes it (SPEC §5 Faults)."""
+    """A running turn as the snapshot keeps it, so a re-activation elsewhere resumes it
+    (docs/design.md#recovery)."""
 
     turn_id: str
     message_id: str
     text: str
-    phase: str = "decision"
+    phase: Phase = Phase.DECISION
     round_no: int = 0
     retries: int = 0
     observations: int = 0
@@ -125,62 +208,90 @@ class TurnProgress(msgspec.Struct, kw_only=True):
 class Turn:
     """One turn of one conversation. The conversation is its single writer's state."""
 
-    def __init__(self, conv: Conversation, turn_id: str, message_id: str, text: str) -> None:
-        self.conv = conv
-        self.turn_id = turn_id
-        self.message_id = message_id
-        self.text = text
-        self.phase = Phase.DECISION
-        self.round_no = 0
-        self.retries = 0
-        self.observations = 0
-        self.confirmation_required = False
-        self.exploration_stopped = False
+    def __init__(self, ctx: TurnContext, progress: TurnProgress) -> None:
+        self.ctx = ctx
+        self.turn_id = progress.turn_id
+        self.message_id = progress.message_id
+        self.text = progress.text
+        self.phase = RESUME_PHASE[progress.phase]
+        self.round_no = progress.round_no
+        self.retries = progress.retries
+        self.observations = progress.observations
+        self.confirmation_required = progress.confirmation_required
+        self.exploration_stopped = progress.exploration_stopped
+        self.pending: list[PendingCall] = list(progress.pending)
+        self.cancelled_by_user = False
         self._steer_text: str | None = None
         self._inner: asyncio.Task[Any] | None = None
-        self._events: list[dict[str, Any]] = []  # this turn's events, for trace evidence
-        self._unobserved: dict[str, ToolCall] = {}  # announced calls still owed an observation (§4.2)
-        self.pending: list[PendingCall] = []
-        self.cancelled_by_user = False
+        self._events: list[EventRef] = []           # this turn's events, for trace evidence
+        self._unobserved: dict[str, ToolCall] = {}  # announced calls still owed an observation
+
+    @classmethod
+    def new(cls, ctx: TurnContext, turn_id: str, message_id: str, text: str) -> Turn:
+        return cls(ctx, TurnProgress(turn_id=turn_id, message_id=message_id, text=text))
 
     def progress(self) -> TurnProgress:
         return TurnProgress(
-            turn_id=self.turn_id, message_id=self.message_id, text=self.text, phase=str(self.phase),
+            turn_id=self.turn_id, message_id=self.message_id, text=self.text, phase=self.phase,
             round_no=self.round_no, retries=self.retries, observations=self.observations,
             confirmation_required=self.confirmation_required, exploration_stopped=self.exploration_stopped,
             pending=list(self.pending),
         )
 
-    @classmethod
-    def resume(cls, conv: Conversation, p: TurnProgress) -> Turn:
-        """A turn cut by a crash, continued from its checkpoint (recovery has applied the log tail)."""
-        turn = cls(conv, p.turn_id, p.message_id, p.text)
-        turn.phase = Phase(p.phase) if p.phase != str(Phase.TOOL_EXECUTION) else Phase.DECISION
-        turn.round_no, turn.retries, turn.observations = p.round_no, p.retries, p.observations
-        turn.confirmation_required, turn.exploration_stopped = p.confirmation_required, p.exploration_stopped
-        turn.pending = list(p.pending)
-        return turn
-
     # -- control from the mailbox -----------------------------------------------------------------
 
     def steer(self, text: str) -> None:
-        """Cancel the in-flight generation or tool wait; the next decision finalizes (SPEC §4.9)."""
+        """Cancel the in-flight generation or tool wait; the next decision finalizes (docs/design.md#steer)."""
         if self.phase is Phase.FINALIZE:  # already finalizing: keep the words, interrupt nothing
-            self.conv.record(SteerBlock(self.turn_id, text, ""))
+            self.ctx.record(SteerBlock(self.turn_id, text, ""))
             return
         self._steer_text = text
         if self._inner is not None and not self._inner.done():
             self._inner.cancel()
 
+    # -- recovery: what a crash left in the durable log, applied before the turn runs again --------
+
+    def apply_durable_result(self, result: ToolResult) -> None:
+        """A result the log holds but the checkpoint does not: record it, as its emitter would have."""
+        if result.call_id not in {p.call_id for p in self.pending}:
+            return
+        self.ctx.record(ToolResultBlock(self.turn_id, result.call_id, result.tool_id, result.ok, result.payload()))
+        self.pending = [p for p in self.pending if p.call_id != result.call_id]
+        self.observations += 1
+
+    def apply_cut_round(self, thinking: str, announced: Sequence[ToolCalled], answer: str) -> bool:
+        """The round after the checkpoint was cut by a crash mid-stream (docs/design.md#recovery).
+        The user saw `answer` (maybe ""): keep exactly that and end the turn (True); else every
+        announced call gets an error observation and the turn decides again after a notice."""
+        self.round_no += 1
+        if thinking:
+            self.ctx.record(ThinkingBlock(self.turn_id, self.round_no, thinking))
+        for call in announced:  # announced, never executed: each still gets an observation
+            self.ctx.record(ToolCallBlock(self.turn_id, self.round_no, call.call_id, call.tool_id, dict(call.params)))
+            self._observe(ToolCall(call.call_id, call.tool_id, {}),
+                          Observation(call.call_id, call.tool_id, ok=False, error="round_interrupted"))
+        if answer:  # the user saw an answer: never regenerate it
+            self._salvage(answer)
+            self._complete(EndReason.SALVAGED, answer, finish_ok=True)
+            return True
+        self.ctx.record(NoticeBlock(self.turn_id, self.round_no, ROUND_INTERRUPTED.to_dict()))
+        self._emit(interrupted_round(self.turn_id, self.round_no, ROUND_INTERRUPTED))
+        return False
+
+    def complete_from_log(self, completed: TurnCompleted) -> None:
+        """The turn ended before its last checkpoint: keep its final answer in the timeline."""
+        if completed.final_answer:
+            self.ctx.record(FinalBlock(self.turn_id, completed.final_answer, completed.reason))
+
     # -- the loop -----------------------------------------------------------------------------------
 
     async def run(self, *, resumed: bool = False) -> None:
-        conv = self.conv
+        ctx = self.ctx
         if not resumed:
-            self._emit("turn.started", {"turn_id": self.turn_id, "user_message_id": self.message_id})
-            conv.record(UserMessageBlock(self.turn_id, self.message_id, self.text))
-            await conv.tools.reset_exploration(conv.conversation_id)
-            conv.checkpoint()
+            self._emit(TurnStarted(turn_id=self.turn_id, user_message_id=self.message_id))
+            ctx.record(UserMessageBlock(self.turn_id, self.message_id, self.text))
+            await ctx.tools.reset_exploration(ctx.conversation_id)
+            ctx.checkpoint()
         try:
             if resumed and self.pending:  # the batch a crash cut: durable results are not re-run
                 await self._resume_pending()
@@ -188,40 +299,40 @@ class Turn:
         except asyncio.CancelledError:
             if self.cancelled_by_user:  # a host shutting down leaves the turn to its checkpoint
                 self._observe_cancelled()
-                self._complete("cancelled", "", finish_ok=False)
+                self._complete(EndReason.CANCELLED, "", finish_ok=False)
             raise
         except Exception:
-            conv.log_exception("turn failed")
-            reason, answer, finish_ok = "error", GIVE_UP_MESSAGES["error"], False
+            ctx.log_exception("turn failed")
+            reason, answer, finish_ok = EndReason.ERROR, GIVE_UP_MESSAGES[EndReason.ERROR], False
         self._complete(reason, answer, finish_ok=finish_ok)
 
-    async def _loop(self) -> tuple[str, str, bool]:
-        pol = self.conv.policies
+    async def _loop(self) -> tuple[EndReason, str, bool]:
+        pol = self.ctx.policies
         while True:
             if self.round_no >= pol.max_iterations:
-                self._emit("trace", {"kind": "iteration_limit", "turn_id": self.turn_id, "rounds": self.round_no})
-                return "iteration_limit", GIVE_UP_MESSAGES["iteration_limit"], False
+                self._emit(IterationLimit(turn_id=self.turn_id, rounds=self.round_no))
+                return EndReason.ITERATION_LIMIT, GIVE_UP_MESSAGES[EndReason.ITERATION_LIMIT], False
             self.round_no += 1
-            engine = RoundEngine(self._rules(), call_id_prefix=f"{self.turn_id}.{self.round_no}.")
+            engine = RoundEngine(self._rules(), turn_id=self.turn_id, round_no=self.round_no)
             try:
                 result = await self._inner_task(self._generate(engine))
             except _Steered:
                 result = self._interrupted(engine)
-                if result.outcome is not Outcome.SALVAGE:
+                if result.outcome is not RoundOutcome.SALVAGE:
                     self.phase = transition(self.phase, Move.STEER)
                     continue
             else:
                 self._round_completed(result)
-            self.conv.checkpoint()
+            self.ctx.checkpoint()
 
-            if result.outcome is Outcome.FINISH or result.outcome is Outcome.SALVAGE:
-                if result.calls:
+            move = OUTCOME_MOVES[result.outcome]
+            if move is Move.FINISH:
+                if result.calls:  # neutral calls accepted beside the answer still run
                     await self._execute(result.calls, allow_steer=False)
-                self.phase = transition(self.phase, Move.FINISH)
+                self.phase = transition(self.phase, move)
                 return self._finish(result)
-
-            if result.outcome is Outcome.TOOLS:
-                self.phase = transition(self.phase, Move.TOOLS)
+            if move is Move.TOOLS:
+                self.phase = transition(self.phase, move)
                 try:
                     await self._execute(result.calls, allow_steer=True)
                 except _Steered:
@@ -229,27 +340,26 @@ class Turn:
                     continue
                 if self.phase is Phase.TOOL_EXECUTION:
                     self.phase = transition(self.phase, Move.OBSERVED)
-                self.conv.checkpoint()
+                self.ctx.checkpoint()
                 continue
-
-            # RETRY: decision → decision, never through tool execution.
+            # Move.RETRY: decision → decision, never through tool execution.
             self.retries += 1
             if self.retries > pol.max_protocol_retries:
                 self.phase = transition(self.phase, Move.GIVE_UP)
-                return "protocol_violation", GIVE_UP_MESSAGES["protocol_violation"], False
-            self.phase = transition(self.phase, Move.RETRY)
+                return EndReason.PROTOCOL_VIOLATION, GIVE_UP_MESSAGES[EndReason.PROTOCOL_VIOLATION], False
+            self.phase = transition(self.phase, move)
 
     async def _resume_pending(self) -> None:
         calls: list[AcceptedCall] = []
         for p in self.pending:
-            decl = self.conv.catalog.get(p.tool_id)
+            decl = self.ctx.catalog.get(p.tool_id)
             trait = decl.trait if decl is not None else Trait.UNKNOWN
-            calls.append(AcceptedCall(len(calls), ToolCall(p.call_id, p.tool_id, p.params, p.code), trait))
+            calls.append(AcceptedCall(len(calls), p.as_call(), trait))
         try:
             await self._execute(calls, allow_steer=True, record_calls=False)
         except _Steered:
             self.phase = transition(self.phase, Move.STEER)
-        self.conv.checkpoint()
+        self.ctx.checkpoint()
 
     async def _inner_task(self, coro: Any) -> Any:
         """Run a cancellable piece (generation, tool wait); a steer cancels it and raises _Steered."""
@@ -269,46 +379,45 @@ class Turn:
     # -- decision -----------------------------------------------------------------------------------
 
     def _rules(self) -> RoundRules:
-        conv, pol = self.conv, self.conv.policies
+        ctx, pol = self.ctx, self.ctx.policies
         finalize = self.phase is Phase.FINALIZE
         legal = pol.finish_policy == "allow_no_tool" or self.observations > 0
         return RoundRules(
-            catalog=conv.catalog,
-            state=conv.state.agent_state,
-            mode=conv.state.mode,
+            catalog=ctx.catalog,
+            state=ctx.agent_state,
+            mode=ctx.mode,
             max_actions=pol.max_actions_per_round,
             finish_legal=legal or finalize,
-            finish_illegal_reason=(
-                "finishing is not legal yet: this turn holds no tool observation. Call a tool first and "
-                "answer after its observation."
-            ),
+            finish_illegal_reason=FINISH_ILLEGAL_REASON,
             confirmation_required=self.confirmation_required,
             exploration_stopped=self.exploration_stopped,
             finalize_only=finalize,
-            validate_params=conv.validate_params,
+            validate_params=ctx.validate_params,
         )
 
     def _messages(self, rules: RoundRules) -> list[dict[str, str]]:
-        conv, pol = self.conv, self.conv.policies
-        tools = [d for d in conv.catalog if rules.tool_available(d.tool_id)] if not rules.finalize_only else []
+        ctx, pol = self.ctx, self.ctx.policies
+        tools = [d for d in ctx.catalog if rules.tool_available(d.tool_id)] if not rules.finalize_only else []
         system = system_prompt(
-            agent=conv.profile.name, state=rules.state, mode=rules.mode, tools=tools,
+            agent=ctx.agent_name, state=rules.state, mode=rules.mode, tools=tools,
             max_actions=pol.max_actions_per_round, exploration_cap=pol.exploration_soft_cap,
-            allow_no_tool=pol.finish_policy == "allow_no_tool", ledger=ledger_summary(conv.state.ledger),
+            allow_no_tool=pol.finish_policy == "allow_no_tool", ledger=ledger_summary(ctx.ledger),
         )
         return assemble(
-            system, conv.state.timeline, turn_id=self.turn_id,
-            budget_tokens=pol.context_budget_tokens, count_tokens=conv.count_tokens,
+            system, ctx.timeline, turn_id=self.turn_id,
+            budget_tokens=pol.context_budget_tokens, count_tokens=ctx.count_tokens,
         )
 
     async def _generate(self, engine: RoundEngine) -> RoundResult:
-        conv, pol = self.conv, self.conv.policies
+        """The one round driver: the model stream into the engine, with length continuations
+        (docs/design.md#continuation) and the prefix policy's early stop."""
+        pol = self.ctx.policies
         messages = self._messages(engine.rules)
         continuations = 0
         while True:
             finish_reason: str | None = None
             try:
-                async with contextlib.aclosing(conv.stream(messages)) as stream:
+                async with contextlib.aclosing(self.ctx.stream(messages)) as stream:  # type: ignore[type-var]
                     async for item in stream:
                         if type(item) is ModelDelta:
                             for event in engine.feed(item.text):
@@ -316,7 +425,7 @@ class Turn:
                             if engine.aborted:
                                 break  # the prefix policy closes the provider stream
                         elif type(item) is ModelFallback:
-                            self._emit("fallback", {"from": item.from_model, "to": item.to_model, "error": item.error})
+                            self._emit(Fallback(from_model=item.from_model, to_model=item.to_model, error=item.error))
                         elif type(item) is ModelFinished:
                             finish_reason = item.finish_reason
             except ProviderError as exc:
@@ -350,17 +459,15 @@ class Turn:
         return result
 
     def _stream_event(self, event: RoundEvent) -> None:
-        if type(event) is ThinkingDelta:
-            self._emit("thinking.delta", {"turn_id": self.turn_id, "round": self.round_no, "text": event.text})
-        elif type(event) is AnswerDelta:
-            self._emit("answer.delta", {"turn_id": self.turn_id, "round": self.round_no, "text": event.text})
-        elif type(event) is ToolCallReady:
+        if type(event) is ToolCallReady:
             call = event.call
             self._unobserved[call.call_id] = call
-            self._emit("tool.call", {
-                "turn_id": self.turn_id, "round": self.round_no, "call_id": call.call_id,
-                "tool_id": call.tool_id, "params": dict(call.params), "trait": str(event.trait),
-            })
+            self._emit(ToolCalled(
+                turn_id=self.turn_id, round=self.round_no, call_id=call.call_id, tool_id=call.tool_id,
+                params=dict(call.params), trait=str(event.trait),
+            ))
+        else:  # thinking.delta, answer.delta: the engine built them for this turn and round
+            self._emit(event)  # type: ignore[arg-type]
 
     def _interrupted(self, engine: RoundEngine) -> RoundResult:
         """A steer cut the generation: salvage a streamed answer, else record the steer and finalize."""
@@ -368,12 +475,12 @@ class Turn:
         result = self._finish_engine(engine, interrupted=True)  # what the steer cut is not the model's error
         cut_calls, result.calls = result.calls, []
         if engine.answer_streamed:
-            result.outcome = Outcome.SALVAGE  # an answer the user saw is kept, never regenerated
+            result.outcome = RoundOutcome.SALVAGE  # an answer the user saw is kept, never regenerated
         self._round_completed(result, steered=True)
         self._record_calls(cut_calls)
         for c in cut_calls:  # announced calls the steer cut: each still gets an observation
             self._observe(c.call, _steered(c.call))
-        self.conv.record(SteerBlock(self.turn_id, self._take_steer(), raw))
+        self.ctx.record(SteerBlock(self.turn_id, self._take_steer(), raw))
         return result
 
     def _take_steer(self) -> str:
@@ -382,29 +489,21 @@ class Turn:
 
     def _round_completed(self, result: RoundResult, *, steered: bool = False) -> None:
         if result.thinking:
-            self.conv.record(ThinkingBlock(self.turn_id, self.round_no, result.thinking))
+            self.ctx.record(ThinkingBlock(self.turn_id, self.round_no, result.thinking))
         for notice in result.notices:
-            self.conv.record(NoticeBlock(self.turn_id, self.round_no, notice.to_dict()))
+            self.ctx.record(NoticeBlock(self.turn_id, self.round_no, notice.to_dict()))
             if notice.code is NoticeCode.FINISH_ILLEGAL:
-                self._emit("trace", {
-                    "kind": "illegal_finish", "turn_id": self.turn_id, "round": self.round_no,
-                    "events": list(self._events),
-                })
-        self._emit("round.completed", {
-            "turn_id": self.turn_id, "round": self.round_no, "streamed_state": result.streamed_state,
-            "accepted": result.accepted, "denied": result.denied,
-            "notices": [n.to_dict() for n in result.notices],
-            **({"steered": True} if steered else {}),
-        })
+                self._emit(IllegalFinish(turn_id=self.turn_id, round=self.round_no, events=list(self._events)))
+        self._emit(result.completed(self.turn_id, self.round_no, steered=steered))
 
     # -- tool execution -------------------------------------------------------------------------------
 
     async def _execute(self, calls: list[AcceptedCall], *, allow_steer: bool, record_calls: bool = True) -> None:
-        conv, pol = self.conv, self.conv.policies
+        ctx, pol = self.ctx, self.ctx.policies
         if record_calls:
             self._record_calls(calls)
         self.pending = [PendingCall(c.call.call_id, c.call.tool_id, dict(c.call.params), c.call.code) for c in calls]
-        saved = conv.checkpoint()
+        saved = ctx.checkpoint()
         if saved is not None:  # durable before any tool runs: a crash from here re-submits these calls,
             await saved        # and the executor answers a call whose result is durable from the store
         regular = [c.call for c in calls if c.call.tool_id != ASK_USER_TOOL]
@@ -412,9 +511,9 @@ class Turn:
         pending = list(regular) + list(asks)
         try:
             if regular:
-                batch = conv.tools.execute_batch(
-                    conv.conversation_id, self.turn_id, regular,
-                    exploration_cap=pol.exploration_soft_cap, timeout_s=pol.tool_timeout_s, catalog=conv.catalog,
+                batch = ctx.tools.execute_batch(
+                    ctx.conversation_id, self.turn_id, regular,
+                    exploration_cap=pol.exploration_soft_cap, timeout_s=pol.tool_timeout_s, catalog=ctx.catalog,
                 )
                 observations = await (self._inner_task(batch) if allow_steer else batch)
                 for call, obs in zip(regular, observations, strict=True):
@@ -427,122 +526,110 @@ class Turn:
         except _Steered:
             for call in pending:  # a tool call cut by the steer gets {"error": "steered"}
                 self._observe(call, _steered(call))
-            self.conv.record(SteerBlock(self.turn_id, self._take_steer(), ""))
+            self.ctx.record(SteerBlock(self.turn_id, self._take_steer(), ""))
             raise
-
-    def observe_error(self, call_id: str, tool_id: str, error: str) -> None:
-        """An error observation for a call that will never run (steered, or cut by a crash)."""
-        self._observe(ToolCall(call_id, tool_id, {}), Observation(call_id, tool_id, ok=False, error=error))
-
-    def emit_salvage(self, answer: str) -> None:
-        """End the turn with exactly the answer text the user already saw."""
-        self._emit("trace", {"kind": "salvaged", "turn_id": self.turn_id, "round": self.round_no,
-                             "answer_chars": len(answer)})
-        self._complete("salvaged", answer, finish_ok=True)
 
     def _record_calls(self, calls: list[AcceptedCall]) -> None:
         for c in calls:
-            self.conv.record(ToolCallBlock(self.turn_id, self.round_no, c.call.call_id, c.call.tool_id,
-                                           dict(c.call.params), c.call.code))
+            self.ctx.record(ToolCallBlock(self.turn_id, self.round_no, c.call.call_id, c.call.tool_id,
+                                          dict(c.call.params), c.call.code))
 
     async def _ask(self, call: ToolCall) -> Observation:
-        conv, pol = self.conv, self.conv.policies
+        ctx, pol = self.ctx, self.ctx.policies
         question = str(call.params.get("question", ""))
-        options = list(call.params.get("options") or [])
-        future = conv.expect_answer(call.call_id)
-        self._emit("ask_user", {
-            "turn_id": self.turn_id, "ask_id": call.call_id, "question": question,
-            "options": options, "timeout_s": pol.ask_user_timeout_s,
-        })
+        options = [str(o) for o in call.params.get("options") or []]
+        future = ctx.expect_answer(call.call_id)
+        self._emit(AskUser(turn_id=self.turn_id, ask_id=call.call_id, question=question, options=options,
+                           timeout_s=pol.ask_user_timeout_s))
         try:
             answer = await asyncio.wait_for(future, pol.ask_user_timeout_s)
         except TimeoutError:
             await self._budget_answer(question, None)
             return Observation(call.call_id, call.tool_id, ok=False, error="ask_user_timeout")
         finally:
-            conv.forget_answer(call.call_id)
+            ctx.forget_answer(call.call_id)
         await self._budget_answer(question, answer)
         return Observation(call.call_id, call.tool_id, ok=True, result={"answer": answer})
 
     async def _budget_answer(self, question: str, answer: str | None) -> None:
-        """The exploration-budget confirmation (SPEC §4.3): continue resets, anything else stops."""
+        """The exploration-budget confirmation (docs/design.md#exploration-budget): continue resets,
+        anything else stops."""
         if EXPLORATION_MARKER not in question or not self.confirmation_required:
             return
         self.confirmation_required = False
         if answer == CONTINUE_EXPLORING:
-            await self.conv.tools.reset_exploration(self.conv.conversation_id)
+            await self.ctx.tools.reset_exploration(self.ctx.conversation_id)
         else:
             self.exploration_stopped = True
 
     def _observe(self, call: ToolCall, obs: Observation) -> None:
-        conv = self.conv
+        ctx = self.ctx
         self.observations += 1
         self.pending = [p for p in self.pending if p.call_id != call.call_id]
-        payload = obs.payload()
-        data: dict[str, Any] = {
-            "turn_id": self.turn_id, "call_id": call.call_id, "tool_id": call.tool_id,
-            "ok": obs.ok, "duration_ms": obs.duration_ms,
-        }
-        if obs.ok:
-            data["result"] = dict(obs.result or {})
-        else:
-            data["error"] = obs.error
-            if obs.detail:
-                data["detail"] = dict(obs.detail)
-        self._emit("tool.result", data)
+        self._unobserved.pop(call.call_id, None)
+        result = ToolResult(
+            turn_id=self.turn_id, call_id=call.call_id, tool_id=call.tool_id, ok=obs.ok, duration_ms=obs.duration_ms,
+            result=dict(obs.result or {}) if obs.ok else None,
+            error=None if obs.ok else obs.error,
+            detail=dict(obs.detail) if not obs.ok and obs.detail else None,
+        )
+        self._emit(result)
         for command in obs.ui_commands:
-            self._emit("ui_command", {
-                "turn_id": self.turn_id, "command": command.get("command"), "args": command.get("args", {}),
-            })
-        conv.record(ToolResultBlock(self.turn_id, call.call_id, call.tool_id, obs.ok, payload))
-        conv.state.ledger.append(Step(call.tool_id, params_digest(dict(call.params)), obs.ok))
+            self._emit(UiCommand(turn_id=self.turn_id, command=str(command.get("command")),
+                                 args=dict(command.get("args", {}))))
+        ctx.record(ToolResultBlock(self.turn_id, call.call_id, call.tool_id, obs.ok, result.payload()))
+        ctx.add_step(Step(call.tool_id, params_digest(dict(call.params)), obs.ok))
         if obs.error == "EXPLORATION_BUDGET_REACHED":
             self.confirmation_required = True
-        decl = conv.catalog.get(call.tool_id)
+        decl = ctx.catalog.get(call.tool_id)
         if obs.ok and decl is not None and decl.transitions_state:
-            conv.resolve_state(obs.result or {})
+            ctx.resolve_state(obs.result or {})
 
     def _observe_cancelled(self) -> None:
-        """A cancel cut the turn: every announced call still gets its one observation (SPEC §4.2)."""
+        """A cancel cut the turn: every announced call still gets its one observation
+        (docs/design.md#observations)."""
         owed = dict(self._unobserved)  # announced while streaming, or being executed (maybe resumed)
         for p in self.pending:
-            owed.setdefault(p.call_id, ToolCall(p.call_id, p.tool_id, p.params, p.code))
-        recorded = {b.call_id for b in self.conv.state.timeline if isinstance(b, ToolCallBlock)}
+            owed.setdefault(p.call_id, p.as_call())
+        recorded = {b.call_id for b in self.ctx.timeline if isinstance(b, ToolCallBlock)}
         for call in owed.values():
             if call.call_id not in recorded:
-                self.conv.record(ToolCallBlock(self.turn_id, self.round_no, call.call_id, call.tool_id,
-                                               dict(call.params), call.code))
+                self.ctx.record(ToolCallBlock(self.turn_id, self.round_no, call.call_id, call.tool_id,
+                                              dict(call.params), call.code))
             self._observe(call, Observation(call.call_id, call.tool_id, ok=False, error="cancelled"))
 
     # -- ending ---------------------------------------------------------------------------------------
 
-    def _finish(self, result: RoundResult) -> tuple[str, str, bool]:
-        """(reason, final answer, finish_ok). finish_ok is true only for a legal finish (SPEC §4.1)."""
+    def _finish(self, result: RoundResult) -> tuple[EndReason, str, bool]:
+        """(reason, final answer, finish_ok). finish_ok is true only for a legal finish
+        (docs/design.md#observe-before-finish)."""
         used_tools = self.observations > 0
-        legal = used_tools or self.conv.policies.finish_policy == "allow_no_tool"
+        legal = used_tools or self.ctx.policies.finish_policy == "allow_no_tool"
         if result.summary:
-            self.conv.record(SummaryBlock(self.turn_id, result.summary))
-        if result.outcome is Outcome.SALVAGE:
-            self._emit("trace", {"kind": "salvaged", "turn_id": self.turn_id, "round": self.round_no,
-                                 "answer_chars": len(result.answer_text)})
-            return "salvaged", result.answer_text, legal
+            self.ctx.record(SummaryBlock(self.turn_id, result.summary))
+        if result.outcome is RoundOutcome.SALVAGE:
+            self._salvage(result.answer_text)
+            return EndReason.SALVAGED, result.answer_text, legal
         final = result.final
         assert final is not None
         if not used_tools:
-            self._emit("trace", {"kind": "no_tool_finish", "turn_id": self.turn_id, "round": self.round_no})
-        return str(final.type), final.final_answer, legal
+            self._emit(NoToolFinish(turn_id=self.turn_id, round=self.round_no))
+        return EndReason(final.type.value), final.final_answer, legal
 
-    def _complete(self, reason: str, answer: str, *, finish_ok: bool) -> None:
+    def _salvage(self, answer: str) -> None:
+        self._emit(Salvaged(turn_id=self.turn_id, round=self.round_no, answer_chars=len(answer)))
+
+    def _complete(self, reason: EndReason, answer: str, *, finish_ok: bool) -> None:
         if answer:
-            self.conv.record(FinalBlock(self.turn_id, answer, reason))
-        self._emit("turn.completed", {
-            "turn_id": self.turn_id, "reason": reason, "final_answer": answer,
-            "used_tools": self.observations > 0, "finish_ok": finish_ok,
-        })
+            self.ctx.record(FinalBlock(self.turn_id, answer, reason))
+        self._emit(TurnCompleted(
+            turn_id=self.turn_id, reason=reason, final_answer=answer, used_tools=self.observations > 0,
+            finish_ok=finish_ok,
+        ))
 
-    def _emit(self, name: str, data: dict[str, Any]) -> None:
-        self._events.append({"event": name, **({"call_id": data["call_id"]} if "call_id" in data else {})})
-        self.conv.emit(name, data)
+    def _emit(self, data: EventData) -> None:
+        self._events.append(EventRef(data.KIND, getattr(data, "call_id", None)))
+        self.ctx.emit(data)
 
 
 def _steered(call: ToolCall) -> Observation:
@@ -552,4 +639,3 @@ def _steered(call: ToolCall) -> Observation:
 def _current_cancelling() -> int:
     task = asyncio.current_task()
     return task.cancelling() if task is not None else 0
-

@@ -287,7 +287,7 @@ async def stream_round(backend: Any, agent: str, n: int, host_pids: Sequence[int
                 if e.event.endswith(".delta"):
                     deltas[cid] += 1
                 if e.event == "turn.completed":
-                    assert e.data["reason"] == "complete", e.data
+                    assert e.data.reason == "complete", e.data
                     finished[cid] = time.perf_counter()
                     if len(finished) == n:
                         all_done.set()

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from actors.catalog import Catalog, ToolDecl, Trait
 from actors.gates import RoundRules
-from actors.round import Outcome, RoundEngine, RoundEvent
+from actors.round import RoundEngine, RoundEvent, RoundOutcome
 
 SIZES = (1, 4, 16, 256)
 GOAL_RATIO_AT_4 = 0.10      # ours ≤ 10% of LiteLLM's per-chunk cost at 4-char deltas
@@ -97,7 +97,7 @@ def run_ours(deltas: list[str]) -> Sample:
             for delta in deltas:
                 events += engine.feed(delta)
             _, result = engine.finish()
-    assert result.outcome is Outcome.FINISH, result.notices
+    assert result.outcome is RoundOutcome.FINISH, result.notices
     return clock.wall / PASSES_PER_SAMPLE, clock.cpu / PASSES_PER_SAMPLE
 
 

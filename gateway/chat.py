@@ -31,6 +31,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 from websockets.typing import Subprotocol
 
+from protocol.events import Event, payload_builtins
 from protocol.frames import (
     SUBPROTOCOL,
     Ack,
@@ -38,7 +39,6 @@ from protocol.frames import (
     CancelFrame,
     ErrorCode,
     ErrorFrame,
-    EventFrame,
     Mode,
     Open,
     Pong,
@@ -314,7 +314,7 @@ class ChatProtocol:
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             return Step(renders=[Status(f"ignored an unreadable server frame: {exc}")])
         match frame:
-            case EventFrame():
+            case Event():
                 return self._on_event(frame)
             case Ack():
                 return self._on_ack(frame)
@@ -387,7 +387,7 @@ class ChatProtocol:
 
     # -- events -------------------------------------------------------------------------------------
 
-    def _on_event(self, frame: EventFrame) -> Step:
+    def _on_event(self, frame: Event) -> Step:
         if frame.conversation_id != self.conversation_id:
             return Step()
         if frame.seq <= self.last_seq:  # replayed after a resume, or a restarted subscription
@@ -402,7 +402,7 @@ class ChatProtocol:
                 step.sends.append(self._subscribe())
             return step
         self.last_seq = frame.seq
-        return self._render_event(frame.event, frame.data)
+        return self._render_event(frame.event, payload_builtins(frame.data))
 
     def _render_event(self, name: str, data: dict[str, Any]) -> Step:
         step = Step()

@@ -65,13 +65,13 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 from websockets.typing import Subprotocol
 
+from protocol.events import Event, payload_builtins
 from protocol.frames import (
     SUBPROTOCOL,
     Ack,
     AnswerFrame,
     ErrorCode,
     ErrorFrame,
-    EventFrame,
     Open,
     Pong,
     Subscribe,
@@ -363,7 +363,7 @@ class SimUser:
             self.stats.errors["client.unreadable_frame"] += 1
             return []
         match frame:
-            case EventFrame():
+            case Event():
                 return self._on_event(frame, mono, wall)
             case Ack():
                 return self._on_ack(frame, mono)
@@ -443,7 +443,7 @@ class SimUser:
 
     # -- events -------------------------------------------------------------------------------------
 
-    def _on_event(self, frame: EventFrame, mono: float, wall: float) -> list[Frame]:
+    def _on_event(self, frame: Event, mono: float, wall: float) -> list[Frame]:
         if frame.conversation_id != self.conversation_id:
             self.stats.errors["client.foreign_event"] += 1
             return []
@@ -454,7 +454,7 @@ class SimUser:
         stats.bucket(stats.events_per_s, mono - self.started_at)
         hist = stats.resume_delivery if frame.seq <= self.replay_until else stats.delivery
         record_seconds(hist, wall - frame.ts)
-        out = self._on_turn_event(frame.event, frame.data, mono)
+        out = self._on_turn_event(frame.event, payload_builtins(frame.data), mono)
         if self.verifying and self.head is not None and self.tracker.last >= self.head:
             self.finished = True
         return out

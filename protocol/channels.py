@@ -1,10 +1,14 @@
-"""The incremental channel parser (SPEC §2).
+"""The incremental channel parser (docs/design.md#decision-protocol).
 
 Raw model text in, in deltas of any size; block-level events out. Tags are tags only at the block
 level: inside a block only its own closing tag ends it, and inside an action block only where the
 action decoder is outside a JSON string — so a `final_answer` quoting `</channel:action>` or a
 code channel holding tag-like text stays text. A suffix that might be the start of a tag is held
 back until the next delta decides it; nothing else is ever delayed.
+
+Everything a consumer needs travels in the events — the action's type and tool id, its decoded
+answer characters, its verdict when the block closes — so the round engine never reads the
+parser's or a decoder's state (docs/design.md#one-decoder).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
 
-from protocol.actions import ActionDecoder
+from protocol.actions import Action, ActionDecoder, ActionType
 
 
 class Channel(StrEnum):
@@ -37,10 +41,19 @@ class BlockText:
 
 
 @dataclass(frozen=True, slots=True)
+class BlockClosed:
+    """A thinking, code or summary block closed (an action block ends with `ActionClosed`)."""
+
+    channel: Channel
+
+
+@dataclass(frozen=True, slots=True)
 class ActionTyped:
     """The action type — and for call_tool the tool id — is determined: the gate may decide."""
 
     index: int
+    action: ActionType
+    tool_id: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,9 +63,21 @@ class AnswerText:
 
 
 @dataclass(frozen=True, slots=True)
-class BlockClosed:
-    channel: Channel
+class ActionFailed:
+    """The action's text can no longer become a valid action (said once, as soon as it is so)."""
+
     index: int
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class ActionClosed:
+    """An action block ended: its verdict, from the same decoder that streamed it."""
+
+    index: int
+    action: Action | None
+    violations: tuple[str, ...]
+    cut: bool = False   # the stream ended inside the block
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,12 +85,14 @@ class ChannelViolation:
     message: str
 
 
-ParserEvent = BlockOpened | BlockText | ActionTyped | AnswerText | BlockClosed | ChannelViolation
+ParserEvent = (
+    BlockOpened | BlockText | BlockClosed | ActionTyped | AnswerText | ActionFailed | ActionClosed | ChannelViolation
+)
 
 _OPEN_TAG = re.compile(r"<channel:([a-z_]{1,32})>")
 _TAG_PREFIX_MAX: Final = len("</channel:") + 32 + 1
 _WS = re.compile(r"[ \t\n\r]*")
-_TEXT_CHANNELS: Final = frozenset({Channel.THINKING, Channel.CODE, Channel.SUMMARY})
+_TEXT_CHANNELS: Final = {c.value: c for c in (Channel.THINKING, Channel.CODE, Channel.SUMMARY)}
 _CHANNELS: Final = {c.value: c for c in Channel}  # by tag name; a dict lookup, not Channel(name), per delta
 
 
@@ -74,9 +101,9 @@ def _close_tag(channel: str) -> str:
 
 
 class ChannelParser:
-    """Feeds on raw text; yields ParserEvents; keeps one ActionDecoder per action block."""
+    """Feeds on raw text; yields ParserEvents; keeps one ActionDecoder for the open action block."""
 
-    __slots__ = ("_actions_closed", "_block", "_close", "_held", "_seen", "actions", "code", "summary", "thinking")
+    __slots__ = ("_actions", "_actions_closed", "_block", "_close", "_decoder", "_failed", "_held", "_seen", "_typed")
 
     def __init__(self) -> None:
         self._held = ""                     # a possible tag start cut by a delta boundary
@@ -84,14 +111,10 @@ class ChannelParser:
         self._close = ""                    # its closing tag
         self._seen: dict[str, int] = {}     # blocks opened so far, by channel
         self._actions_closed = False        # a code or summary block came: no more actions
-        self.actions: list[ActionDecoder] = []
-        self.thinking: list[str] = []
-        self.code: list[str] = []
-        self.summary: list[str] = []
-
-    @property
-    def open_block(self) -> str | None:
-        return self._block
+        self._actions = 0                   # action blocks opened so far
+        self._decoder: ActionDecoder | None = None  # the open action block's decoder
+        self._typed = False                 # ... its ActionTyped was sent
+        self._failed = False                # ... its ActionFailed was sent
 
     def feed(self, delta: str) -> list[ParserEvent]:
         events: list[ParserEvent] = []
@@ -114,23 +137,22 @@ class ChannelParser:
         """End of stream: held text is what it is; an open block is a violation."""
         events: list[ParserEvent] = []
         held, self._held = self._held, ""
+        decoder = self._decoder
         if held:
             if self._block is None:
                 events.append(ChannelViolation("text outside the channel blocks"))
-            elif self._block == Channel.ACTION:
-                decoder = self.actions[-1]
+            elif decoder is not None:
                 stop = decoder.feed(held)
                 if stop < len(held):
                     decoder.reject(held[stop])
-                self._collect(decoder, len(self.actions) - 1, events)
+                self._collect(decoder, events)
             else:
                 self._text(held, events)
         if self._block is not None:
             name = self._block.removeprefix("ignored:")  # the model wrote the bare name
             events.append(ChannelViolation(f"block <channel:{name}> was not closed"))
-            if self._block == Channel.ACTION:
-                self.actions[-1].finish()
-                self._collect(self.actions[-1], len(self.actions) - 1, events)
+            if decoder is not None:
+                self._close_action(decoder, events, cut=True)
             self._block = None
         return events
 
@@ -170,8 +192,9 @@ class ChannelParser:
             self._block = "ignored:" + name  # swallowed: an out-of-order block never reaches a lane
             return
         if channel is Channel.ACTION:
-            self.actions.append(ActionDecoder())
-            events.append(BlockOpened(channel, len(self.actions) - 1))
+            self._decoder, self._typed, self._failed = ActionDecoder(), False, False
+            self._actions += 1
+            events.append(BlockOpened(channel, self._actions - 1))
         else:
             if channel is not Channel.THINKING:
                 self._actions_closed = True
@@ -194,7 +217,7 @@ class ChannelParser:
         while lt >= 0:
             if text.startswith(close, lt):
                 self._text(text[pos:lt], events)
-                self._end_block(events)
+                self._end_text_block(events)
                 return lt + len(close)
             tail = text[lt:]
             if len(tail) < len(close) and close.startswith(tail):
@@ -206,22 +229,19 @@ class ChannelParser:
         return len(text)
 
     def _text(self, chunk: str, events: list[ParserEvent]) -> None:
-        if not chunk:
-            return
-        block = self._block
-        if block == Channel.THINKING:
-            self.thinking.append(chunk)
-        elif block == Channel.CODE:
-            self.code.append(chunk)
-        elif block == Channel.SUMMARY:
-            self.summary.append(chunk)
-        else:
-            return  # an unknown or ignored block: swallowed
-        events.append(BlockText(_CHANNELS[block], chunk))
+        channel = _TEXT_CHANNELS.get(self._block or "")
+        if chunk and channel is not None:  # an unknown or ignored block is swallowed
+            events.append(BlockText(channel, chunk))
+
+    def _end_text_block(self, events: list[ParserEvent]) -> None:
+        channel = _TEXT_CHANNELS.get(self._block or "")
+        self._block = None
+        if channel is not None:
+            events.append(BlockClosed(channel))
 
     def _in_action(self, text: str, pos: int, events: list[ParserEvent]) -> int:
-        index = len(self.actions) - 1
-        decoder = self.actions[index]
+        decoder = self._decoder
+        assert decoder is not None
         close = self._close
         while True:
             if decoder.failed:
@@ -229,14 +249,13 @@ class ChannelParser:
                 pos = len(text) if stop < 0 else stop
             else:
                 pos = decoder.feed(text, pos)
-                self._collect(decoder, index, events)
+                self._collect(decoder, events)
             if pos >= len(text):
                 return pos
             # text[pos] is a `<` outside any JSON string.
             if text.startswith(close, pos):
-                decoder.finish()
-                self._collect(decoder, index, events)
-                self._end_block(events)
+                self._close_action(decoder, events, cut=False)
+                self._block = None
                 return pos + len(close)
             tail = text[pos:]
             if len(tail) < len(close) and close.startswith(tail):
@@ -244,20 +263,25 @@ class ChannelParser:
                 return -1
             if not decoder.failed:
                 decoder.reject("<")
+                self._collect(decoder, events)
             pos += 1
 
-    def _collect(self, decoder: ActionDecoder, index: int, events: list[ParserEvent]) -> None:
-        if decoder.typed and not decoder.announced:
-            decoder.announced = True
-            events.append(ActionTyped(index))
-        if decoder.answer_chars:
-            events.append(AnswerText(index, "".join(decoder.answer_chars)))
-            decoder.answer_chars.clear()
+    def _collect(self, decoder: ActionDecoder, events: list[ParserEvent]) -> None:
+        index = self._actions - 1
+        if decoder.typed and not self._typed:
+            self._typed = True
+            assert decoder.action_type is not None
+            events.append(ActionTyped(index, decoder.action_type, decoder.tool_id))
+        answer = decoder.take_answer()
+        if answer:
+            events.append(AnswerText(index, answer))
+        if decoder.failed and not self._failed:
+            self._failed = True
+            events.append(ActionFailed(index, decoder.error or "invalid action"))
 
-    def _end_block(self, events: list[ParserEvent]) -> None:
-        block = self._block
-        self._block = None
-        if block in _TEXT_CHANNELS:
-            events.append(BlockClosed(_CHANNELS[block], 0))
-        elif block == Channel.ACTION:
-            events.append(BlockClosed(Channel.ACTION, len(self.actions) - 1))
+    def _close_action(self, decoder: ActionDecoder, events: list[ParserEvent], *, cut: bool) -> None:
+        decoder.finish()
+        self._collect(decoder, events)
+        action, violations = decoder.result()
+        events.append(ActionClosed(self._actions - 1, action, tuple(violations), cut=cut))
+        self._decoder = None

@@ -1,13 +1,14 @@
-"""The wire frames of `reactgate.v1` (SPEC §6), sans-I/O.
+"""The wire frames of `reactgate.v1` (docs/wire-protocol.md), sans-I/O.
 
 Every client frame is a msgspec `Struct` tagged by `type` and decoded straight from the
 WebSocket payload by one decoder, so a bad frame fails in exactly one place with a message
 that names the field (`Expected `str`, got `int` - at `$.text``). The gateway turns a
-`FrameError` into an `error` frame and keeps the connection open (SPEC §6 "Bad input").
+`FrameError` into an `error` frame and keeps the connection open
+(docs/wire-protocol.md#5-error-codes).
 
 Server frames share one encoder. Events are the hot path: `encode_event` splices the
 `type` tag in front of the already-durable `Event`'s own encoding instead of copying it into
-another struct.
+another struct. Clients decode an event frame straight into the same typed `Event`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
-from protocol.events import Event
+from protocol.events import Event, decode_data
 
 SUBPROTOCOL: Final = "reactgate.v1"
 WS_PATH: Final = "/ws"
@@ -70,7 +71,14 @@ class CloseCode(IntEnum):
 FrameId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 ConversationId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 Seq = Annotated[int, msgspec.Meta(ge=0)]
-Mode = Literal["agent", "ask"]
+
+
+class Mode(StrEnum):
+    """A conversation's mode, sticky until changed (docs/design.md#ask-mode)."""
+
+    AGENT = "agent"
+    ASK = "ask"
+
 ID_MAX_CHARS: Final = 128
 
 
@@ -215,10 +223,12 @@ class ErrorFrame(_ServerFrame, tag="error", frozen=True):
 
 
 class EventFrame(_ServerFrame, tag="event", frozen=True):
+    """An event as it arrives: `data` is decoded by `event` in a second step (its type depends on it)."""
+
     conversation_id: str
     seq: int
     event: str
-    data: dict[str, Any]
+    data: msgspec.Raw
     ts: float
 
 
@@ -226,10 +236,11 @@ class Pong(_ServerFrame, tag="pong", frozen=True):
     id: str
 
 
-ServerFrame = Ack | ErrorFrame | EventFrame | Pong
+ServerFrame = Ack | ErrorFrame | Pong
+ReceivedFrame = Ack | ErrorFrame | Event | Pong
 
 _encoder: Final = msgspec.json.Encoder()
-_server_decoder: Final = msgspec.json.Decoder(ServerFrame)
+_server_decoder: Final = msgspec.json.Decoder(Ack | ErrorFrame | EventFrame | Pong)
 _EVENT_PREFIX: Final = b'{"type":"event",'
 
 
@@ -241,11 +252,18 @@ def encode_event(event: Event) -> bytes:
     """`{"type":"event", <the Event's own fields>}` without copying the event into a new struct.
 
     An `Event` encodes as a JSON object that starts with `{`: replacing that byte by the tag
-    prefix gives the same bytes `encode_frame(EventFrame(...))` would.
+    prefix gives the frame (docs/wire-protocol.md#7-events).
     """
     return _EVENT_PREFIX + _encoder.encode(event)[1:]
 
 
-def decode_server_frame(data: bytes | str) -> ServerFrame:
-    """For clients (CLI, load test, tests): one decoder for everything the gateway sends."""
-    return _server_decoder.decode(data)
+def decode_server_frame(data: bytes | str) -> ReceivedFrame:
+    """For clients: one decoder for everything the gateway sends; an event comes out typed (or, when
+    its data does not fit its kind, as plain data: its seq still counts). Raises msgspec.DecodeError /
+    msgspec.ValidationError on a frame whose envelope does not fit."""
+    frame: Ack | ErrorFrame | EventFrame | Pong = _server_decoder.decode(data)
+    if type(frame) is EventFrame:
+        return Event(conversation_id=frame.conversation_id, seq=frame.seq, event=frame.event,
+                     data=decode_data(frame.event, frame.data, lenient=True), ts=frame.ts)
+    assert not isinstance(frame, EventFrame)
+    return frame

@@ -1,7 +1,7 @@
 """An incremental JSON value builder: text in (any chunking), values out, one parse.
 
 The live lanes and the post-stream check both read this parser's state, so they can never
-disagree about the same bytes (SPEC §2 "One decoder"). Strings are decoded as they arrive and
+disagree about the same bytes (docs/design.md#one-decoder). Strings are decoded as they arrive and
 reported through `on_chars`, so a `final_answer` can stream before its closing quote.
 
 Strictly RFC 8259, except that the caller decides where the value ends (`stop_at`) so a tag
@@ -80,10 +80,6 @@ class JsonStream:
     @property
     def failed(self) -> bool:
         return self._state == _ERROR
-
-    @property
-    def in_string(self) -> bool:
-        return self._state == _STRING
 
     def feed(self, text: str, pos: int = 0, stop_at: str = "") -> int:
         """Consume text[pos:] and return where consumption stopped: len(text), the index of the

@@ -1,4 +1,4 @@
-"""Notices: self-sufficient corrective feedback for the model (SPEC §3.5).
+"""Notices: self-sufficient corrective feedback for the model (docs/design.md#notices).
 
 A notice carries its whole diagnosis inline — code, message, and where it applies the action
 index, tool id and violations — because the raw generation is not returned to the model.

@@ -1,4 +1,4 @@
-"""The prefix policy (SPEC §2): a response must open with `<channel:thinking>`.
+"""The prefix policy (docs/design.md#prefix-policy): a response must open with `<channel:thinking>`.
 
 Checked on each raw delta *before* the channel parser sees it. The first delta after which the
 text received so far (leading whitespace ignored) is neither a prefix of the opening tag nor
@@ -41,7 +41,7 @@ class PrefixPolicy:
     def preview(self) -> str:
         """The response up to and including the first character that made the opening impossible
         (at most PREVIEW_CHARS). It ends where the text went wrong, not where a delta happened to
-        end, so the notice is the same however the response was chunked (SPEC §2)."""
+        end, so the notice is the same however the response was chunked (docs/design.md#one-decoder)."""
         head = self._head
         if not self.violated:
             return head[:PREVIEW_CHARS]

@@ -1,4 +1,4 @@
-"""The timeline: the conversation's durable record, as ordered blocks (SPEC §3.6).
+"""The timeline: the conversation's durable record, as ordered blocks (docs/design.md#timeline).
 
 The next decision's context is rendered from it. Dropped material stays dropped: a call that
 never ran has no block, and rejected parameters are never echoed — notices carry the diagnosis.
@@ -49,7 +49,7 @@ class NoticeBlock(msgspec.Struct, frozen=True, tag="react.notice"):
 class SteerBlock(msgspec.Struct, frozen=True, tag="react.steer"):
     turn_id: str
     text: str
-    interrupted_raw: str           # the one place raw model text returns to a model (SPEC §3.5)
+    interrupted_raw: str           # the one place raw model text returns to a model (docs/design.md#steer)
 
 
 class SummaryBlock(msgspec.Struct, frozen=True, tag="react.summary"):

@@ -23,7 +23,7 @@ from actors.llm.stream import stream_model
 from actors.profile import AgentProfile, demo_profile
 from actors.tools.demo import demo_registry, fixed_clock
 from actors.tools.executor import LocalToolExecutor
-from protocol.events import Event
+from protocol.events import Event, payload_builtins
 from tests.roundkit import action, call, complete, text_round, thinking
 
 TIMEOUT_S = 20.0
@@ -106,7 +106,8 @@ class Harness:
         return future
 
     async def wait_event(self, name: str, timeout: float = TIMEOUT_S, **match: Any) -> Event:
-        return await asyncio.wait_for(self.on(lambda e: e.event == name and _matches(e.data, match)), timeout)
+        return await asyncio.wait_for(self.on(lambda e: e.event == name and _matches(payload_builtins(e.data), match)),
+                                      timeout)
 
     def when(self, name: str, action: Callable[[Event], None], **match: Any) -> asyncio.Future[Event]:
         """Run `action(event)` as soon as the first matching event is published."""
@@ -118,7 +119,7 @@ class Harness:
             except BaseException as exc:  # a callback's failure must fail the test, not just be logged
                 self.errors.append(exc)
 
-        future = self.on(lambda e: e.event == name and _matches(e.data, match))
+        future = self.on(lambda e: e.event == name and _matches(payload_builtins(e.data), match))
         future.add_done_callback(fire)
         return future
 
@@ -130,7 +131,7 @@ class Harness:
         def reply(f: asyncio.Future[Event]) -> None:
             if f.cancelled() or not remaining:
                 return
-            ask_id = f.result().data["ask_id"]
+            ask_id = payload_builtins(f.result().data)["ask_id"]
             answered.add(ask_id)
             if not self.conv.answer(ask_id, remaining.pop(0)):
                 self.errors.append(AssertionError(f"ask {ask_id} was not pending"))
@@ -138,7 +139,7 @@ class Harness:
                 self.on(is_new_ask).add_done_callback(reply)
 
         def is_new_ask(e: Event) -> bool:
-            return e.event == "ask_user" and e.data["ask_id"] not in answered
+            return e.event == "ask_user" and payload_builtins(e.data)["ask_id"] not in answered
 
         if remaining:
             self.on(is_new_ask).add_done_callback(reply)
@@ -155,7 +156,9 @@ class Harness:
     # -- reading --------------------------------------------------------------------------------
 
     def named(self, name: str, **match: Any) -> list[dict[str, Any]]:
-        return [e.data for e in self.events if e.event == name and _matches(e.data, match)]
+        """The `data` of every event `name` whose fields match, as a client decodes it from the wire."""
+        found = (payload_builtins(e.data) for e in self.events if e.event == name)
+        return [d for d in found if _matches(d, match)]
 
     def names(self) -> list[str]:
         return [e.event for e in self.events]

@@ -48,7 +48,7 @@ from gateway.app import AgentSetup, local_backend
 from gateway.server import GatewayServer
 from gateway.settings import Settings
 from protocol.events import Event
-from protocol.frames import SUBPROTOCOL
+from protocol.frames import SUBPROTOCOL, encode_event
 from tests.roundkit import action, call, complete, text_round, thinking
 
 TIMEOUT = 20.0          # a generous bound for one condition; the tests never assert durations
@@ -238,9 +238,8 @@ def comparable(events: Sequence[Mapping[str, Any]]) -> list[tuple[int, str, Any,
 
 
 def as_frames(log: Sequence[Event]) -> list[dict[str, Any]]:
-    """Durable events as the event frames a client receives."""
-    return [{"type": "event", "conversation_id": e.conversation_id, "seq": e.seq, "event": e.event,
-             "data": e.data, "ts": e.ts} for e in log]
+    """Durable events as the event frames a client receives (the gateway's own encoding)."""
+    return [json.loads(encode_event(e)) for e in log]
 
 
 def check_log(events: Sequence[Mapping[str, Any]]) -> None:

@@ -1,4 +1,5 @@
-"""Helpers to drive a RoundEngine from plain strings, with the demo tools' declarations."""
+"""Helpers to drive a RoundEngine from plain strings, with the demo tools' declarations, and to
+write scripted-model rounds (docs/design.md#scripted-model) as what the model says."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
+import msgspec
+
 from actors.gates import RoundRules
-from actors.round import AnswerDelta, RoundEngine, RoundEvent, RoundResult, ThinkingDelta, ToolCallReady
+from actors.round import RoundEngine, RoundEvent, RoundResult, ToolCallReady
 from actors.tools.demo import demo_registry
+from protocol.events import AnswerDelta, ThinkingDelta
 
 REGISTRY = demo_registry()
 CATALOG = REGISTRY.catalog()
@@ -53,7 +57,7 @@ def chunks(text: str, size: int) -> list[str]:
 def play(deltas: Iterable[str] | str, round_rules: RoundRules | None = None) -> tuple[list[RoundEvent], RoundResult]:
     if isinstance(deltas, str):
         deltas = [deltas]
-    engine = RoundEngine(round_rules or rules(), call_id_prefix="c1.")
+    engine = RoundEngine(round_rules or rules(), turn_id="t1", round_no=1)
     events: list[RoundEvent] = []
     for delta in deltas:
         events += engine.feed(delta)
@@ -68,10 +72,8 @@ def merged(events: list[RoundEvent]) -> list[RoundEvent]:
     out: list[RoundEvent] = []
     for e in events:
         prev = out[-1] if out else None
-        if isinstance(e, ThinkingDelta) and isinstance(prev, ThinkingDelta):
-            out[-1] = ThinkingDelta(prev.text + e.text)
-        elif isinstance(e, AnswerDelta) and isinstance(prev, AnswerDelta) and prev.index == e.index:
-            out[-1] = AnswerDelta(e.index, prev.text + e.text)
+        if isinstance(e, ThinkingDelta | AnswerDelta) and type(prev) is type(e):
+            out[-1] = msgspec.structs.replace(e, text=prev.text + e.text)  # type: ignore[union-attr]
         else:
             out.append(e)
     return out

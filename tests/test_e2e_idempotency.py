@@ -25,7 +25,7 @@ from tests.e2e import (
 
 
 def started_by(log: list[Event]) -> list[str]:
-    return [e.data["user_message_id"] for e in log if e.event == "turn.started"]
+    return [e.data.user_message_id for e in log if e.event == "turn.started"]
 
 
 async def test_the_same_user_message_id_twice_runs_one_turn_and_the_second_ack_is_duplicate(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The event log: seq assignment, delta coalescing, and the write-ahead rule (SPEC §5, §6)."""
+"""The event log: seq assignment, delta coalescing, and the write-ahead rule (docs/design.md#event-log)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,26 @@ from collections.abc import Sequence
 import pytest
 
 from actors.eventlog import EventLog
-from protocol.events import Event
+from protocol.events import (
+    AnswerDelta,
+    EndReason,
+    Event,
+    RoundCompleted,
+    StreamedState,
+    ThinkingDelta,
+    TurnCompleted,
+    TurnStarted,
+)
 
 LONG_MS = 60_000  # a window no test waits out: only a flush or another event closes a delta
+STARTED = TurnStarted(turn_id="t1", user_message_id="m1")
+COMPLETED = TurnCompleted(turn_id="t1", reason=EndReason.COMPLETE, final_answer="", used_tools=True, finish_ok=True)
+ROUND = RoundCompleted(turn_id="t1", round=1, streamed_state=StreamedState(False, "", []), accepted=[], denied=[],
+                       notices=[])
 
 
-def delta(text: str, name: str = "answer.delta", round_: int = 1) -> tuple[str, dict[str, object]]:
-    return name, {"turn_id": "t1", "round": round_, "text": text}
+def delta(text: str, kind: type[AnswerDelta | ThinkingDelta] = AnswerDelta, round_: int = 1) -> AnswerDelta | ThinkingDelta:
+    return kind(turn_id="t1", round=round_, text=text)
 
 
 class Published:
@@ -34,7 +47,7 @@ class Published:
         await asyncio.wait_for(wait(), 5)
 
     def shape(self) -> list[tuple[int, str, object]]:
-        return [(e.seq, e.event, e.data.get("text")) for e in self.events]
+        return [(e.seq, e.event, getattr(e.data, "text", None)) for e in self.events]
 
 
 async def test_no_event_is_published_before_the_store_made_it_durable() -> None:
@@ -48,7 +61,7 @@ async def test_no_event_is_published_before_the_store_made_it_durable() -> None:
     log = EventLog("c", flush_interval_ms=0, persist=persist)
     published = Published()
     log.subscribe(published)
-    log.emit("turn.started", {"turn_id": "t1"})
+    log.emit(STARTED)
     for _ in range(20):
         await asyncio.sleep(0)
     assert published.events == [] and log.durable_seq == 0
@@ -66,20 +79,20 @@ async def test_a_failed_persist_publishes_nothing_and_stops_the_log() -> None:
     log = EventLog("c", flush_interval_ms=0, persist=_failing_persist)
     published = Published()
     log.subscribe(published)
-    log.emit("turn.started", {"turn_id": "t1"})
+    log.emit(STARTED)
     with pytest.raises(RuntimeError):
         await log.flush()
     assert published.events == []
     with pytest.raises(RuntimeError):
-        log.emit("turn.completed", {"turn_id": "t1"})
+        log.emit(COMPLETED)
 
 
 async def test_seqs_continue_the_durable_log_by_one() -> None:
     log = EventLog("c", last_seq=41, flush_interval_ms=0)
     published = Published()
     log.subscribe(published)
-    for name in ("turn.started", "round.completed", "turn.completed"):
-        log.emit(name, {"turn_id": "t1"})
+    for data in (STARTED, ROUND, COMPLETED):
+        log.emit(data)
     await log.flush()
     assert [e.seq for e in published.events] == [42, 43, 44]
     await log.close()
@@ -90,7 +103,7 @@ async def test_the_first_delta_of_a_lane_goes_at_once_and_later_ones_coalesce() 
     published = Published()
     log.subscribe(published)
     for text in ("It ", "is ", "raining"):
-        log.emit(*delta(text))
+        log.emit(delta(text))
     await published.until(1)                      # time to first token: not held for the window
     assert published.shape() == [(1, "answer.delta", "It ")]
     await log.flush()
@@ -102,11 +115,11 @@ async def test_any_other_event_closes_the_open_delta_first_so_order_holds() -> N
     log = EventLog("c", flush_interval_ms=LONG_MS)
     published = Published()
     log.subscribe(published)
-    log.emit(*delta("a", "thinking.delta"))
-    log.emit(*delta("b", "thinking.delta"))
-    log.emit(*delta("c", "thinking.delta"))
-    log.emit(*delta("X"))                        # another lane: the open thinking delta closes first
-    log.emit("round.completed", {"turn_id": "t1", "round": 1})
+    log.emit(delta("a", ThinkingDelta))
+    log.emit(delta("b", ThinkingDelta))
+    log.emit(delta("c", ThinkingDelta))
+    log.emit(delta("X"))                        # another lane: the open thinking delta closes first
+    log.emit(ROUND)
     await log.flush()
     assert published.shape() == [
         (1, "thinking.delta", "a"), (2, "thinking.delta", "bc"), (3, "answer.delta", "X"), (4, "round.completed", None),
@@ -118,8 +131,8 @@ async def test_an_open_delta_is_published_when_its_window_ends() -> None:
     log = EventLog("c", flush_interval_ms=20)
     published = Published()
     log.subscribe(published)
-    log.emit(*delta("a"))
-    log.emit(*delta("b"))
+    log.emit(delta("a"))
+    log.emit(delta("b"))
     await published.until(2)                      # nobody flushes: the window alone releases it
     assert published.shape() == [(1, "answer.delta", "a"), (2, "answer.delta", "b")]
     await log.close()
@@ -130,7 +143,21 @@ async def test_a_zero_window_sends_every_delta_as_its_own_event() -> None:
     published = Published()
     log.subscribe(published)
     for text in "abc":
-        log.emit(*delta(text))
+        log.emit(delta(text))
     await log.flush()
-    assert [e.data["text"] for e in published.events] == ["a", "b", "c"]
+    assert [e.data.text for e in published.events]  # type: ignore[union-attr] == ["a", "b", "c"]
+    await log.close()
+
+
+async def test_coalesced_deltas_keep_their_kind_turn_and_round_and_the_first_ts() -> None:
+    times = iter([100.0, 101.0, 102.0, 103.0])
+    log = EventLog("c", flush_interval_ms=LONG_MS, clock=lambda: next(times))
+    published = Published()
+    log.subscribe(published)
+    for text in ("a", "b", "c"):
+        log.emit(delta(text, ThinkingDelta, round_=2))
+    await log.flush()
+    first, merged = published.events
+    assert merged.data == ThinkingDelta(turn_id="t1", round=2, text="bc")
+    assert (first.ts, merged.ts) == (100.0, 101.0)   # a merged event is as old as its oldest part
     await log.close()

@@ -196,8 +196,8 @@ async def test_turn_streams_to_completion_with_contiguous_seqs(backend: Any) -> 
     await watch.stop()
     assert contiguous(watch.events)
     [done] = [e for e in watch.events if e.event == "turn.completed"]
-    assert done.data["reason"] == "complete" and done.data["final_answer"] == LONG_ANSWER
-    assert "".join(e.data["text"] for e in watch.events if e.event == "answer.delta") == LONG_ANSWER
+    assert done.data.reason == "complete" and done.data.final_answer == LONG_ANSWER
+    assert "".join(e.data.text for e in watch.events if e.event == "answer.delta") == LONG_ANSWER
 
 
 async def test_duplicate_user_message_is_acked_duplicate_and_runs_once(backend: Any) -> None:
@@ -207,13 +207,13 @@ async def test_duplicate_user_message_is_acked_duplicate_and_runs_once(backend: 
     assert await backend.command(OWNER, cid, UserMessage("same", "hi")) == "duplicate"
     await watch.until_event("ask_user")
     ask = next(e for e in watch.events if e.event == "ask_user")
-    assert await backend.command(OWNER, cid, Answer("a1", ask.data["ask_id"], "Paris")) == "accepted"
-    assert await backend.command(OWNER, cid, Answer("a1", ask.data["ask_id"], "Paris")) == "duplicate"
+    assert await backend.command(OWNER, cid, Answer("a1", ask.data.ask_id, "Paris")) == "accepted"
+    assert await backend.command(OWNER, cid, Answer("a1", ask.data.ask_id, "Paris")) == "duplicate"
     await watch.until_event("turn.completed")
     await watch.stop()
     assert sum(e.event == "turn.started" for e in watch.events) == 1
     result = next(e for e in watch.events if e.event == "tool.result")
-    assert result.data["result"] == {"answer": "Paris"}
+    assert result.data.result == {"answer": "Paris"}
 
 
 async def test_resubscribe_after_last_seen_seq_has_no_gap_and_no_duplicate(backend: Any) -> None:
@@ -319,8 +319,8 @@ async def test_host_killed_mid_stream_client_resumes_with_one_final_answer(ray_b
     await watch.stop()
     assert contiguous(watch.events)
     [done] = [e for e in watch.events if e.event == "turn.completed"]
-    streamed = "".join(e.data["text"] for e in watch.events if e.event == "answer.delta")
-    assert done.data["final_answer"] == streamed  # salvaged or completed: exactly what the user saw
+    streamed = "".join(e.data.text for e in watch.events if e.event == "answer.delta")
+    assert done.data.final_answer == streamed  # salvaged or completed: exactly what the user saw
     store_events = await ray_backend.store.read_events(cid, 0, 10_000)
     assert [(e.seq, e.event) for e in store_events] == [(e.seq, e.event) for e in watch.events]
 
@@ -340,8 +340,8 @@ async def test_host_killed_mid_tool_call_runs_the_tool_exactly_once(ray_backend:
     assert len(workspace["workspace"]["notes"]) == 1        # the side effect happened once
     assert (await pool.stats.remote())["executed"][cid] == 2  # write_note and sleep, never re-run
     results = [e for e in watch.events if e.event == "tool.result"]
-    assert sorted(e.data["tool_id"] for e in results) == ["demo.sleep", "demo.write_note"]
-    assert all(e.data["ok"] for e in results)
+    assert sorted(e.data.tool_id for e in results) == ["demo.sleep", "demo.write_note"]
+    assert all(e.data.ok for e in results)
 
 
 async def test_tool_pool_killed_in_flight_calls_get_error_observations_and_counters_survive(
@@ -357,10 +357,10 @@ async def test_tool_pool_killed_in_flight_calls_get_error_observations_and_count
     await watch.until_event("turn.completed")
     await watch.stop()
     results = [e for e in watch.events if e.event == "tool.result"]
-    assert results[0].data["ok"] and results[0].data["tool_id"] == "demo.search"
-    assert results[1].data["error"] == "tool_pool_unavailable"
+    assert results[0].data.ok and results[0].data.tool_id == "demo.search"
+    assert results[1].data.error == "tool_pool_unavailable"
     done = next(e for e in watch.events if e.event == "turn.completed")
-    assert done.data["reason"] == "complete"
+    assert done.data.reason == "complete"
     restarted = ray.get_actor(TOOL_POOL_NAME, namespace=NAMESPACE)
     assert (await restarted.workspace.remote(cid))["exploration"] == 1  # durable across the restart
 
@@ -427,7 +427,7 @@ async def test_dedicated_placement_runs_one_named_actor_per_conversation(
         await backend.command(OWNER, first, UserMessage("m1", "hi"))
         await watch.until_event("ask_user")
         ask = next(e for e in watch.events if e.event == "ask_user")
-        await backend.command(OWNER, first, Answer("a1", ask.data["ask_id"], "Rome"))
+        await backend.command(OWNER, first, Answer("a1", ask.data.ask_id, "Rome"))
         await watch.until_event("turn.completed")
         await watch.stop()
         assert contiguous(watch.events)

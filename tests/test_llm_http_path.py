@@ -17,6 +17,7 @@ import pytest
 
 from actors.llm.mock_server import start_mock_server
 from actors.llm.scripts import parse_script
+from protocol.events import payload_builtins
 from tests.convkit import (
     Harness,
     harness,
@@ -44,7 +45,7 @@ def comparable(h: Harness) -> list[tuple[str, dict[str, Any]]]:
     """Events by name and data, without `ts`; a tool's measured duration is not part of the script."""
     out = []
     for e in h.events:
-        data = {k: v for k, v in e.data.items() if k != "duration_ms"}
+        data = {k: v for k, v in payload_builtins(e.data).items() if k != "duration_ms"}
         out.append((e.event, data))
     return out
 

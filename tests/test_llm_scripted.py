@@ -137,18 +137,17 @@ def test_builtin_demo_script_resolves_without_registration() -> None:
 def test_demo_script_speaks_the_decision_protocol() -> None:
     """Round A calls demo.weather for Paris; round B completes — parsed by the project's own parser."""
     from protocol.actions import CallTool, Finish
-    from protocol.channels import ChannelParser, ChannelViolation
+    from protocol.channels import ActionClosed, BlockText, Channel, ChannelParser, ChannelViolation
 
     actions = []
     for round_ in get_script("demo").rounds:
         parser = ChannelParser()
         events = [e for chunk in round_.chunks for e in parser.feed(chunk)] + parser.finish()
         assert not [e for e in events if isinstance(e, ChannelViolation)]
-        assert parser.thinking, "thinking comes first"
-        assert len(parser.actions) == 1
-        action, violations = parser.actions[0].result()
-        assert violations == []
-        actions.append(action)
+        assert isinstance(events[1], BlockText) and events[1].channel is Channel.THINKING, "thinking comes first"
+        [closed] = [e for e in events if isinstance(e, ActionClosed)]
+        assert closed.violations == ()
+        actions.append(closed.action)
     assert actions[0] == CallTool(tool_id="demo.weather", params={"city": "Paris"})
     assert isinstance(actions[1], Finish) and actions[1].type == "complete"
     assert actions[1].final_answer.startswith("It is raining in Paris, 12 °C.")

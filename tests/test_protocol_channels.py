@@ -6,7 +6,10 @@ import json
 
 import pytest
 
+from protocol.actions import ActionType, Finish
 from protocol.channels import (
+    ActionClosed,
+    ActionFailed,
     ActionTyped,
     AnswerText,
     BlockClosed,
@@ -42,17 +45,21 @@ def answer_of(events: list[ParserEvent]) -> str:
     return "".join(e.text for e in events if isinstance(e, AnswerText))
 
 
+def closed_actions(events: list[ParserEvent]) -> list[ActionClosed]:
+    return [e for e in events if isinstance(e, ActionClosed)]
+
+
 # -- block structure -----------------------------------------------------------------------------
 
 
 def test_well_formed_response_has_no_violations() -> None:
     raw = thinking("Looking.") + action(call("demo.clock")) + "<channel:summary>s</channel:summary>"
-    parser, events = parse(chunks(raw, 5))
+    _, events = parse(chunks(raw, 5))
     assert violations(events) == []
     assert [type(e).__name__ for e in events if not isinstance(e, BlockText)] == [
-        "BlockOpened", "BlockClosed", "BlockOpened", "ActionTyped", "BlockClosed", "BlockOpened", "BlockClosed",
+        "BlockOpened", "BlockClosed", "BlockOpened", "ActionTyped", "ActionClosed", "BlockOpened", "BlockClosed",
     ]
-    assert "".join(parser.thinking) == "Looking."
+    assert text_of(events, Channel.THINKING) == "Looking."
 
 
 def test_thinking_must_come_first() -> None:
@@ -85,24 +92,24 @@ def test_unknown_channel_is_a_violation_and_swallowed() -> None:
 
 def test_out_of_order_action_after_code_is_swallowed() -> None:
     raw = thinking() + action(call("demo.eval")) + "<channel:code>1</channel:code>" + action(complete("late"))
-    parser, events = parse([raw])
+    _, events = parse([raw])
     assert violations(events) == ["action blocks must come before code and summary"]
-    assert len(parser.actions) == 1
+    assert len(closed_actions(events)) == 1
     assert answer_of(events) == ""
 
 
 def test_at_most_one_code_block() -> None:
     raw = thinking() + action(call("demo.eval")) + "<channel:code>1</channel:code><channel:code>2</channel:code>"
-    parser, events = parse([raw])
+    _, events = parse([raw])
     assert violations(events) == ["at most one code block"]
-    assert "".join(parser.code) == "1"
+    assert text_of(events, Channel.CODE) == "1"
 
 
 def test_at_most_one_summary_block() -> None:
     raw = thinking() + action(complete("x")) + "<channel:summary>a</channel:summary><channel:summary>b</channel:summary>"
-    parser, events = parse([raw])
+    _, events = parse([raw])
     assert violations(events) == ["at most one summary block"]
-    assert "".join(parser.summary) == "a"
+    assert text_of(events, Channel.SUMMARY) == "a"
 
 
 @pytest.mark.parametrize("cut", [5, 10, 30])
@@ -117,9 +124,10 @@ def test_unclosed_ignored_block_is_reported_by_its_own_name() -> None:
 
 
 def test_unclosed_action_block_finishes_its_decoder() -> None:
-    parser, events = parse([thinking() + '<channel:action>{"action": "complete", "final_answer": "par'])
+    _, events = parse([thinking() + '<channel:action>{"action": "complete", "final_answer": "par'])
     assert "block <channel:action> was not closed" in violations(events)
-    assert parser.actions[0].result()[0] is None
+    [closed] = closed_actions(events)
+    assert closed.action is None and closed.cut
     assert answer_of(events) == "par"
 
 
@@ -130,19 +138,19 @@ def test_unclosed_action_block_finishes_its_decoder() -> None:
 def test_tag_inside_json_string_is_text(size: int) -> None:
     answer = 'Write </channel:action> then <channel:thinking> and ```json {"a": 1}```'
     raw = thinking() + action(complete(answer)) + "<channel:summary>s</channel:summary>"
-    parser, events = parse(chunks(raw, size))
+    _, events = parse(chunks(raw, size))
     assert violations(events) == []
     assert answer_of(events) == answer
-    assert "".join(parser.summary) == "s"
+    assert text_of(events, Channel.SUMMARY) == "s"
 
 
 @pytest.mark.parametrize("size", [1, 4, 10**9])
 def test_tag_like_text_inside_code_channel_is_text(size: int) -> None:
     code = "1 </channel:action> <channel:thinking> </channel:code"
     raw = thinking() + action(call("demo.eval")) + f"<channel:code>{code}</channel:code>"
-    parser, events = parse(chunks(raw, size))
+    _, events = parse(chunks(raw, size))
     assert violations(events) == []
-    assert "".join(parser.code) == code
+    assert text_of(events, Channel.CODE) == code
 
 
 @pytest.mark.parametrize("size", [1, 2, 10**9])
@@ -154,8 +162,9 @@ def test_tag_like_text_inside_thinking_is_text(size: int) -> None:
 
 
 def test_a_stray_lt_in_action_json_is_a_decoder_error() -> None:
-    parser, _events = parse([thinking() + '<channel:action>{"action": <b>}</channel:action>'])
-    assert parser.actions[0].result() == (None, ["invalid JSON: unexpected '<'"])
+    _, events = parse([thinking() + '<channel:action>{"action": <b>}</channel:action>'])
+    assert [e for e in events if isinstance(e, ActionFailed)] == [ActionFailed(0, "invalid JSON: unexpected '<'")]
+    assert closed_actions(events) == [ActionClosed(0, None, ("invalid JSON: unexpected '<'",))]
 
 
 # -- incremental delivery -------------------------------------------------------------------------
@@ -165,7 +174,7 @@ def test_only_a_possible_tag_start_is_held_back() -> None:
     parser = ChannelParser()
     parser.feed("<channel:thinking>")
     assert parser.feed("abc </chan") == [BlockText(Channel.THINKING, "abc ")]
-    assert parser.feed("nel:thinking>") == [BlockClosed(Channel.THINKING, 0)]
+    assert parser.feed("nel:thinking>") == [BlockClosed(Channel.THINKING)]
 
 
 def test_held_text_that_is_not_a_tag_is_released() -> None:
@@ -178,9 +187,13 @@ def test_held_text_that_is_not_a_tag_is_released() -> None:
 def test_action_typed_and_answer_text_events() -> None:
     parser = ChannelParser()
     parser.feed(thinking())
-    assert parser.feed('<channel:action>{"action": "complete",') == [BlockOpened(Channel.ACTION, 0), ActionTyped(0)]
+    assert parser.feed('<channel:action>{"action": "complete",') == [
+        BlockOpened(Channel.ACTION, 0), ActionTyped(0, ActionType.COMPLETE, None),
+    ]
     assert parser.feed(' "final_answer": "Par') == [AnswerText(0, "Par")]
-    assert parser.feed('is"}</channel:action>') == [AnswerText(0, "is"), BlockClosed(Channel.ACTION, 0)]
+    assert parser.feed('is"}</channel:action>') == [
+        AnswerText(0, "is"), ActionClosed(0, Finish(ActionType.COMPLETE, "Paris"), ()),
+    ]
 
 
 def test_action_blocks_are_numbered_in_order() -> None:

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from actors.round import Outcome, RoundEngine
+from actors.round import RoundEngine, RoundOutcome
 from protocol.notices import Notice, NoticeCode
 from tests.roundkit import action, call, rules, thinking
 
 CUT = Notice(code=NoticeCode.PROVIDER_ERROR, message="the model provider failed (server_error)")
 
 
-def _cut_after(text: str) -> tuple[list[str], Outcome]:
-    engine = RoundEngine(rules(), call_id_prefix="c.")
+def _cut_after(text: str) -> tuple[list[str], RoundOutcome]:
+    engine = RoundEngine(rules(), turn_id="t1", round_no=1)
     engine.feed(text)
     _, result = engine.finish(cut=CUT)
     return [str(n.code) for n in result.notices], result.outcome
@@ -19,7 +19,7 @@ def _cut_after(text: str) -> tuple[list[str], Outcome]:
 def test_cut_inside_an_action_block_reports_only_the_cut() -> None:
     codes, outcome = _cut_after(thinking() + '<channel:action>{"action": "call_tool", "tool_c')
     assert codes == [NoticeCode.PROVIDER_ERROR]
-    assert outcome is Outcome.RETRY
+    assert outcome is RoundOutcome.RETRY
 
 
 def test_cut_before_any_byte_reports_only_the_cut() -> None:

@@ -3,11 +3,10 @@ literally on purpose: these are the exact bytes that once made layers disagree."
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
-from actors.round import Outcome
+from actors.round import RoundOutcome
+from protocol.events import Lane
 from protocol.notices import NoticeCode
 from tests.roundkit import answer_text, chunks, codes, play, rules, tool_calls
 
@@ -36,7 +35,7 @@ UNUSUAL_FENCES = {
 @pytest.mark.parametrize("size", [1, 13, 97, 10**9])
 def test_incident_1_unusual_fence_habit_is_accepted_with_one_answer(name: str, size: int) -> None:
     events, result = play(chunks(UNUSUAL_FENCES[name], size), rules(finish_legal=True))
-    assert result.outcome is Outcome.FINISH
+    assert result.outcome is RoundOutcome.FINISH
     assert result.final is not None and result.final.final_answer == "Paris is rainy."
     assert answer_text(events) == "Paris is rainy."
     assert result.notices == []
@@ -56,10 +55,10 @@ ANSWER_THEN_MISSING_BRACE = (
 @pytest.mark.parametrize("raw", [ANSWER_THEN_UNKNOWN_KEY, ANSWER_THEN_MISSING_BRACE], ids=["unknown_key", "missing_brace"])
 def test_incident_2_answer_streamed_then_invalid_json_is_salvaged_exactly(raw: str) -> None:
     events, result = play(chunks(raw, 5))
-    assert result.outcome is Outcome.SALVAGE
+    assert result.outcome is RoundOutcome.SALVAGE
     assert result.answer_text == "It is 12 degrees."
     assert answer_text(events) == "It is 12 degrees."
-    assert result.streamed_state["answer_streamed"] is True
+    assert result.streamed_state.answer_streamed is True
 
 
 # 3. A preamble before the thinking tag.
@@ -70,9 +69,9 @@ def test_incident_3_preamble_aborts_at_first_impossible_delta() -> None:
     deltas = ["Su", "re! ", "<channel:thinking>", "I will look that up.", "</channel:thinking>"]
     events, result = play(deltas)
     assert events == []
-    assert result.outcome is Outcome.RETRY and result.preamble_aborted
+    assert result.outcome is RoundOutcome.RETRY and result.preamble_aborted
     assert codes(result) == [NoticeCode.PREAMBLE]
-    assert result.streamed_state["lanes"] == [] and result.calls == []
+    assert result.streamed_state.lanes == [] and result.calls == []
 
 
 @pytest.mark.parametrize("deltas", [[PREAMBLE], ["S", "ure! <channel:thinking>"], ["x" * 1000 + PREAMBLE]])
@@ -94,9 +93,9 @@ SEARCH_THEN_COMPLETE = (
 def test_incident_4_answer_lane_denied_after_exploration_tool() -> None:
     events, result = play(chunks(SEARCH_THEN_COMPLETE, 4))
     assert answer_text(events) == ""
-    answer_lane = result.streamed_state["lanes"][1]
-    assert answer_lane == {"index": 1, "lane": "answer", "status": "denied", "emitted_chars": 0}
-    assert result.outcome is Outcome.TOOLS
+    answer_lane = result.streamed_state.lanes[1]
+    assert answer_lane == Lane(index=1, lane="answer", status="denied", emitted_chars=0)
+    assert result.outcome is RoundOutcome.TOOLS
     assert [c.call.tool_id for c in result.calls] == ["demo.search"]
     assert codes(result) == [NoticeCode.ANSWER_LANE_DENIED]
 
@@ -111,7 +110,7 @@ TWO_RENDERS = (
 
 def test_incident_5_two_exploitation_renders_are_both_accepted() -> None:
     events, result = play(chunks(TWO_RENDERS, 7))
-    assert result.outcome is Outcome.TOOLS
+    assert result.outcome is RoundOutcome.TOOLS
     assert [dict(c.call.params)["format"] for c in result.calls] == ["pdf", "pptx"]
     assert [e.call.tool_id for e in tool_calls(events)] == ["demo.render", "demo.render"]
     assert result.notices == []
@@ -149,7 +148,7 @@ def test_incident_7_third_action_is_denied_too_many_actions() -> None:
     _, result = play(chunks(THREE_ACTIONS, 11))
     assert [c.index for c in result.calls] == [0, 1]
     assert codes(result) == [NoticeCode.TOO_MANY_ACTIONS]
-    assert result.streamed_state["lanes"][2]["status"] == "denied"
+    assert result.streamed_state.lanes[2].status == "denied"
 
 
 # 8. Only thinking streamed, then invalid action JSON.
@@ -161,27 +160,9 @@ THINKING_THEN_BAD_JSON = (
 
 def test_incident_8_thinking_then_invalid_json_keeps_thinking_and_retries() -> None:
     _, result = play(chunks(THINKING_THEN_BAD_JSON, 6))
-    assert result.outcome is Outcome.RETRY
+    assert result.outcome is RoundOutcome.RETRY
     assert result.thinking == "Let me answer."
-    assert result.streamed_state["answer_streamed"] is False
+    assert result.streamed_state.answer_streamed is False
     assert codes(result) == [NoticeCode.SCHEMA]
     text = str(result.notices[0].to_dict()).lower()
     assert "streamed" not in text and "was shown" not in text and "you answered" not in text
-
-
-async def test_run_round_drives_the_engine_from_any_async_iterator_and_closes_it() -> None:
-    from actors.round import RoundEngine, RoundEvent, run_round
-
-    closed = []
-
-    async def deltas() -> AsyncIterator[str]:
-        try:
-            for piece in chunks(UNUSUAL_FENCES["capital_JSON"], 5):
-                yield piece
-        finally:
-            closed.append(True)
-
-    seen: list[RoundEvent] = []
-    result = await run_round(deltas(), RoundEngine(rules(), call_id_prefix="c."), seen.append)
-    assert result.outcome is Outcome.FINISH and answer_text(seen) == "Paris is rainy."
-    assert closed == [True]

@@ -4,8 +4,8 @@ test_round_incidents.py, the generated properties in test_round_properties.py)."
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 
+import msgspec
 import pytest
 
 from actors.catalog import ASK_USER_TOOL, Catalog, ToolDecl, Trait
@@ -16,15 +16,8 @@ from actors.gates import (
     TRAIT_MATRIX,
     GateStatus,
 )
-from actors.round import (
-    AnswerDelta,
-    Outcome,
-    RoundEngine,
-    RoundEvent,
-    ThinkingDelta,
-    ToolCallReady,
-    run_round,
-)
+from actors.round import RoundEngine, RoundOutcome, ToolCallReady
+from protocol.events import AnswerDelta, DeniedAction, Lane, StreamedState, ThinkingDelta
 from protocol.notices import NoticeCode
 from tests.roundkit import (
     action,
@@ -42,10 +35,8 @@ from tests.roundkit import (
 T = thinking("Checking.")
 
 
-def lane(result_state: dict[str, object], index: int) -> dict[str, object]:
-    lanes = result_state["lanes"]
-    assert isinstance(lanes, list)
-    return dict(lanes[index])
+def lane(state: StreamedState, index: int) -> Lane:
+    return state.lanes[index]
 
 
 # == §2 the decision protocol =======================================================================
@@ -55,7 +46,7 @@ def test_thinking_must_come_first() -> None:
     events, result = play(action(complete("x")) + T)
     assert events == []
     assert result.preamble_aborted and codes(result) == [NoticeCode.PREAMBLE]
-    assert result.streamed_state["lanes"] == []
+    assert result.streamed_state.lanes == []
 
 
 def test_thinking_exactly_once() -> None:
@@ -67,20 +58,20 @@ def test_thinking_exactly_once() -> None:
 
 def test_no_action_block_is_channels_violation() -> None:
     _, result = play(T)
-    assert result.outcome is Outcome.RETRY
+    assert result.outcome is RoundOutcome.RETRY
     assert codes(result) == [NoticeCode.CHANNELS]
     assert result.notices[0].violations == ("a response needs at least one <channel:action> block",)
 
 
 def test_max_actions_per_round_defaults_to_two() -> None:
     _, result = play(T + action(call("demo.clock")) * 3)
-    assert [lane(result.streamed_state, i)["status"] for i in range(3)] == ["allowed", "allowed", "denied"]
+    assert [lane(result.streamed_state, i).status for i in range(3)] == ["allowed", "allowed", "denied"]
 
 
 def test_tag_inside_json_string_is_text() -> None:
     answer = "Use </channel:action> literally, and ```json fences```."
     events, result = play(chunks(T + action(complete(answer)), 3))
-    assert result.outcome is Outcome.FINISH
+    assert result.outcome is RoundOutcome.FINISH
     assert answer_text(events) == answer
 
 
@@ -95,14 +86,14 @@ def test_final_answer_on_call_tool_is_ignored_and_tool_runs() -> None:
     obj = {"final_answer": "Never shown.", **call("demo.clock")}
     events, result = play(chunks(T + action(obj), 4))
     assert answer_text(events) == ""
-    assert result.streamed_state["answer_streamed"] is False
+    assert result.streamed_state.answer_streamed is False
     assert [c.call.tool_id for c in result.calls] == ["demo.clock"]
     assert result.notices == []
 
 
 def test_unknown_key_is_schema_violation() -> None:
     _, result = play(T + action({**call("demo.clock"), "confidence": 0.9}))
-    assert result.outcome is Outcome.RETRY
+    assert result.outcome is RoundOutcome.RETRY
     assert codes(result) == [NoticeCode.SCHEMA]
     assert result.notices[0].violations == ("unknown key 'confidence'",)
 
@@ -110,7 +101,7 @@ def test_unknown_key_is_schema_violation() -> None:
 def test_keys_in_any_order() -> None:
     body = json.dumps({"final_answer": "It rains.", "action": "complete"})
     events, result = play(chunks(T + action(body), 3))
-    assert result.outcome is Outcome.FINISH
+    assert result.outcome is RoundOutcome.FINISH
     assert answer_text(events) == "It rains."
 
 
@@ -121,14 +112,14 @@ def test_keys_in_any_order() -> None:
 )
 def test_each_accepted_fence_habit(opener: str, closer: str) -> None:
     events, result = play(chunks(T + action(complete("Done."), opener, closer), 3))
-    assert result.outcome is Outcome.FINISH and result.notices == []
+    assert result.outcome is RoundOutcome.FINISH and result.notices == []
     assert answer_text(events) == "Done."
 
 
 def test_unsupported_fence_language_rejected() -> None:
     events, result = play(T + action(complete("Done."), "```python\n", "\n```"))
     assert answer_text(events) == ""
-    assert result.outcome is Outcome.RETRY
+    assert result.outcome is RoundOutcome.RETRY
     assert result.notices[0].violations == ("unsupported fence language (accepted: ```, ```json, ```JSON)",)
 
 
@@ -144,77 +135,47 @@ def test_unicode_escapes_and_surrogate_pairs_split_across_deltas() -> None:
 
 def test_preamble_leading_whitespace_allowed() -> None:
     _, result = play(["\n  ", "\t", T + action(complete("ok"))])
-    assert result.outcome is Outcome.FINISH
+    assert result.outcome is RoundOutcome.FINISH
 
 
 def test_preamble_split_tag_allowed() -> None:
     raw = T + action(complete("ok"))
     _, result = play(["<", "chan", "nel:thin", "king>", raw[len("<channel:thinking>") :]])
-    assert result.outcome is Outcome.FINISH
+    assert result.outcome is RoundOutcome.FINISH
 
 
 def test_preamble_aborts_at_first_impossible_delta_and_ignores_the_rest() -> None:
-    engine = RoundEngine(rules(), call_id_prefix="c.")
+    engine = RoundEngine(rules(), turn_id="t1", round_no=1)
     assert engine.feed("<channel:") == []
     assert engine.feed("answer>") == []
     assert engine.aborted
     assert engine.feed("</channel:answer>" + T + action(complete("x"))) == []
     _, result = engine.finish()
-    assert result.outcome is Outcome.RETRY and codes(result) == [NoticeCode.PREAMBLE]
+    assert result.outcome is RoundOutcome.RETRY and codes(result) == [NoticeCode.PREAMBLE]
     assert result.accepted == [] and result.calls == [] and result.thinking == ""
-
-
-async def test_preamble_abort_closes_the_provider_stream() -> None:
-    read: list[str] = []
-    closed = False
-
-    async def provider() -> AsyncIterator[str]:
-        nonlocal closed
-        try:
-            for delta in ["Sure", "! ", T, action(complete("x"))]:
-                read.append(delta)
-                yield delta
-        finally:
-            closed = True
-
-    result = await run_round(provider(), RoundEngine(rules(), call_id_prefix="c."), lambda e: None)
-    assert read == ["Sure"]
-    assert closed
-    assert result.preamble_aborted
-
-
-async def test_run_round_drives_the_engine_from_any_async_iterator() -> None:
-    async def provider() -> AsyncIterator[str]:
-        for delta in chunks(T + action(complete("Done.")), 5):
-            yield delta
-
-    seen: list[RoundEvent] = []
-    result = await run_round(provider(), RoundEngine(rules(), call_id_prefix="c."), seen.append)
-    assert result.outcome is Outcome.FINISH
-    assert answer_text(seen) == "Done."
 
 
 # == §3.1 lanes and gates ===========================================================================
 
 
 def test_thinking_lane_streams_at_once() -> None:
-    engine = RoundEngine(rules(), call_id_prefix="c.")
-    assert engine.feed("<channel:thinking>Look") == [ThinkingDelta("Look")]
-    assert engine.feed("ing") == [ThinkingDelta("ing")]
+    engine = RoundEngine(rules(), turn_id="t1", round_no=1)
+    assert engine.feed("<channel:thinking>Look") == [ThinkingDelta(turn_id="t1", round=1, text="Look")]
+    assert engine.feed("ing") == [ThinkingDelta(turn_id="t1", round=1, text="ing")]
 
 
 def test_answer_lane_streams_final_answer_as_it_arrives() -> None:
-    engine = RoundEngine(rules(), call_id_prefix="c.")
+    engine = RoundEngine(rules(), turn_id="t1", round_no=1)
     engine.feed(T + '<channel:action>{"action": "complete", "final_answer": "It ')
-    assert engine.feed("rains") == [AnswerDelta(0, "rains")]
+    assert engine.feed("rains") == [AnswerDelta(turn_id="t1", round=1, text="rains")]
 
 
 def test_pending_gate_buffers_until_type_known() -> None:
-    engine = RoundEngine(rules(), call_id_prefix="c.")
+    engine = RoundEngine(rules(), turn_id="t1", round_no=1)
     engine.feed(T)
     assert engine.feed('<channel:action>{"final_answer": "Paris is ') == []
     assert engine.feed('rainy.", "act') == []
-    assert engine.feed('ion": "complete"}') == [AnswerDelta(0, "Paris is rainy.")]
+    assert engine.feed('ion": "complete"}') == [AnswerDelta(turn_id="t1", round=1, text="Paris is rainy.")]
 
 
 @pytest.mark.parametrize("answer_first", [True, False], ids=["buffered_then_denied", "denied_then_streamed"])
@@ -222,23 +183,23 @@ def test_deny_drops_buffer_and_swallows_rest(answer_first: bool) -> None:
     obj = {"final_answer": "Hidden.", "action": "complete"} if answer_first else complete("Hidden.")
     events, result = play(chunks(T + action(obj), 2), rules(finish_legal=False, finish_illegal_reason="observe first"))
     assert answer_text(events) == ""
-    assert lane(result.streamed_state, 0) == {"index": 0, "lane": "answer", "status": "denied", "emitted_chars": 0}
+    assert lane(result.streamed_state, 0) == Lane(index=0, lane="answer", status="denied", emitted_chars=0)
 
 
 def test_call_tool_lane_emits_nothing_while_streaming() -> None:
     raw = T + action(call("demo.search", query="paris"))
-    engine = RoundEngine(rules(), call_id_prefix="c.")
+    engine = RoundEngine(rules(), turn_id="t1", round_no=1)
     streamed = [e for d in chunks(raw[:-len("</channel:action>")], 3) for e in engine.feed(d)]
     assert all(isinstance(e, ThinkingDelta) for e in streamed)
 
 
 def test_tool_call_event_only_after_allowed_and_valid() -> None:
-    engine = RoundEngine(rules(), call_id_prefix="c.")
+    engine = RoundEngine(rules(), turn_id="t1", round_no=1)
     engine.feed(T + '<channel:action>{"action": "call_tool", "tool_call": {"tool_id": "demo.weather", ')
     assert engine.feed('"params": {"city": "Paris"}}}') == []
     [event] = engine.feed("</channel:action>")
     assert isinstance(event, ToolCallReady)
-    assert (event.call.call_id, event.call.tool_id, dict(event.call.params)) == ("c.0", "demo.weather", {"city": "Paris"})
+    assert (event.call.call_id, event.call.tool_id, dict(event.call.params)) == ("t1.1.0", "demo.weather", {"city": "Paris"})
     assert event.trait is Trait.EXPLORATION
 
 
@@ -259,13 +220,13 @@ def test_denied_tool_call_never_appears() -> None:
 def test_too_many_actions_denied() -> None:
     events, result = play(T + action(call("demo.clock")) + action(complete("x")), rules(max_actions=1))
     assert answer_text(events) == ""
-    assert result.denied == [{"index": 1, "code": NoticeCode.TOO_MANY_ACTIONS}]
+    assert result.denied == [DeniedAction(1, NoticeCode.TOO_MANY_ACTIONS)]
     assert [c.call.tool_id for c in result.calls] == ["demo.clock"]
 
 
 def test_too_many_actions_comes_before_after_final() -> None:
     _, result = play(T + action(complete("x")) + action(call("demo.clock")), rules(max_actions=1))
-    assert result.denied == [{"index": 1, "code": NoticeCode.TOO_MANY_ACTIONS}]
+    assert result.denied == [DeniedAction(1, NoticeCode.TOO_MANY_ACTIONS)]
 
 
 # rule 2
@@ -273,9 +234,9 @@ def test_too_many_actions_comes_before_after_final() -> None:
 
 def test_after_final_denied() -> None:
     events, result = play(T + action(complete("Done.")) + action(call("demo.clock")))
-    assert result.denied == [{"index": 1, "code": NoticeCode.AFTER_FINAL, "tool_id": "demo.clock"}]
+    assert result.denied == [DeniedAction(1, NoticeCode.AFTER_FINAL, "demo.clock")]
     assert tool_calls(events) == [] and result.calls == []
-    assert result.outcome is Outcome.FINISH and answer_text(events) == "Done."
+    assert result.outcome is RoundOutcome.FINISH and answer_text(events) == "Done."
 
 
 # rule 3
@@ -284,7 +245,7 @@ def test_after_final_denied() -> None:
 def test_complete_allowed_with_neutral_tool() -> None:
     events, result = play(T + action(call("demo.clock")) + action(complete("It is noon.")))
     assert answer_text(events) == "It is noon."
-    assert result.outcome is Outcome.FINISH
+    assert result.outcome is RoundOutcome.FINISH
     assert result.denied == []
 
 
@@ -305,7 +266,7 @@ def test_finish_illegal_denied_when_finish_not_legal() -> None:
     reason = "observe before finish: no tool result in this turn yet"
     events, result = play(T + action(complete("Guess.")), rules(finish_legal=False, finish_illegal_reason=reason))
     assert answer_text(events) == ""
-    assert result.outcome is Outcome.RETRY
+    assert result.outcome is RoundOutcome.RETRY
     [notice] = result.notices
     assert (notice.code, notice.message, notice.index) == (NoticeCode.FINISH_ILLEGAL, reason, 0)
 
@@ -321,8 +282,8 @@ def test_answer_lane_denial_comes_before_finish_illegal() -> None:
 
 def test_unknown_tool_is_tool_call_invalid() -> None:
     _, result = play(T + action(call("demo.teleport")))
-    assert result.denied == [{"index": 0, "code": NoticeCode.TOOL_CALL_INVALID, "tool_id": "demo.teleport"}]
-    assert result.outcome is Outcome.RETRY
+    assert result.denied == [DeniedAction(0, NoticeCode.TOOL_CALL_INVALID, "demo.teleport")]
+    assert result.outcome is RoundOutcome.RETRY
 
 
 def test_tool_unavailable_in_state() -> None:
@@ -377,7 +338,7 @@ def test_finalize_only_round_denies_tools() -> None:
 
 def test_finalize_only_round_allows_complete() -> None:
     _, result = play(T + action(complete("Stopping here.")), rules(finalize_only=True))
-    assert result.outcome is Outcome.FINISH
+    assert result.outcome is RoundOutcome.FINISH
 
 
 # the trait matrix (§3.1, §3.2)
@@ -391,13 +352,13 @@ def test_trait_matrix(pair: tuple[Trait, Trait], compatible: bool) -> None:
     accepted, candidate = pair
     raw = T + action(call(TRAIT_TOOLS[accepted])) + action(call(TRAIT_TOOLS[candidate]))
     _, result = play(chunks(raw, 7), rules(catalog=TRAIT_CATALOG, validate_params=None))
-    assert lane(result.streamed_state, 0)["status"] == GateStatus.ALLOWED
+    assert lane(result.streamed_state, 0).status == GateStatus.ALLOWED
     if compatible:
-        assert lane(result.streamed_state, 1)["status"] == GateStatus.ALLOWED
+        assert lane(result.streamed_state, 1).status == GateStatus.ALLOWED
         assert [c.call.tool_id for c in result.calls] == [TRAIT_TOOLS[accepted], TRAIT_TOOLS[candidate]]
         assert result.notices == []
     else:
-        assert lane(result.streamed_state, 1)["status"] == GateStatus.DENIED
+        assert lane(result.streamed_state, 1).status == GateStatus.DENIED
         assert [c.call.tool_id for c in result.calls] == [TRAIT_TOOLS[accepted]]
         assert codes(result) == [NoticeCode.INCOMPATIBLE_TRAITS]
 
@@ -427,7 +388,7 @@ def test_profile_trait_override_changes_the_verdict() -> None:
     catalog = rules().catalog.with_overrides(traits={"demo.search": Trait.NEUTRAL})
     events, result = play(T + action(call("demo.search", query="x")) + action(complete("Done.")), rules(catalog=catalog))
     assert answer_text(events) == "Done."
-    assert result.outcome is Outcome.FINISH
+    assert result.outcome is RoundOutcome.FINISH
 
 
 # == §2 channels consistency / §3.4 post-stream validation ===========================================
@@ -462,7 +423,7 @@ def test_summary_only_with_complete_or_exit() -> None:
 
 def test_summary_with_complete_is_kept() -> None:
     _, result = play(T + action(complete("Done.")) + "<channel:summary>We found rain.</channel:summary>")
-    assert result.outcome is Outcome.FINISH
+    assert result.outcome is RoundOutcome.FINISH
     assert result.summary == "We found rain."
 
 
@@ -470,20 +431,20 @@ def test_out_of_order_blocks_swallowed() -> None:
     raw = T + action(call("demo.eval")) + "<channel:code>1</channel:code>" + action(complete("Sneaky."))
     events, result = play(raw)
     assert answer_text(events) == ""
-    assert len(result.streamed_state["lanes"]) == 1
+    assert len(result.streamed_state.lanes) == 1
     assert result.notices[-1].violations == ("action blocks must come before code and summary",)
 
 
 def test_unclosed_block_at_end_of_stream() -> None:
     _, result = play(T + action(call("demo.clock"))[:-len("</channel:action>")])
-    assert result.calls == [] and result.outcome is Outcome.RETRY
+    assert result.calls == [] and result.outcome is RoundOutcome.RETRY
     channels = [n for n in result.notices if n.code is NoticeCode.CHANNELS]
     assert channels[0].violations == ("block <channel:action> was not closed",)
 
 
 def test_valid_round_finishes_with_no_notices() -> None:
     _events, result = play(chunks(T + action(complete("Paris: rain, 12 °C.")), 3))
-    assert result.outcome is Outcome.FINISH
+    assert result.outcome is RoundOutcome.FINISH
     assert result.final is not None and result.final.final_answer == "Paris: rain, 12 °C."
     assert result.notices == []
 
@@ -491,44 +452,44 @@ def test_valid_round_finishes_with_no_notices() -> None:
 def test_exit_finishes_with_reason() -> None:
     body = {"action": "exit", "final_answer": "I cannot reach that system.", "reason": "no access"}
     _, result = play(T + action(body))
-    assert result.outcome is Outcome.FINISH
+    assert result.outcome is RoundOutcome.FINISH
     assert result.final is not None and result.final.reason == "no access"
 
 
 def test_final_answer_streamed_then_validation_fails_is_salvaged() -> None:
     raw = T + action(complete("Rain in Paris."))[: -len("\n```</channel:action>")] + "<channel:summary>s"
     events, result = play(chunks(raw, 4))
-    assert result.outcome is Outcome.SALVAGE
+    assert result.outcome is RoundOutcome.SALVAGE
     assert result.answer_text == answer_text(events) == "Rain in Paris."
 
 
 def test_salvage_keeps_exactly_the_streamed_text_of_a_cut_answer() -> None:
     raw = T + '<channel:action>{"action": "complete", "final_answer": "Rain in Pa'
     events, result = play(chunks(raw, 4))
-    assert result.outcome is Outcome.SALVAGE
+    assert result.outcome is RoundOutcome.SALVAGE
     assert result.answer_text == answer_text(events) == "Rain in Pa"
 
 
 def test_progress_streamed_no_final_answer_keeps_thinking_and_retries() -> None:
     _, result = play(T + action('{"action": "call_tool", "tool_call": }'))
-    assert result.outcome is Outcome.RETRY
+    assert result.outcome is RoundOutcome.RETRY
     assert result.thinking == "Checking."
-    assert result.streamed_state["answer_streamed"] is False
+    assert result.streamed_state.answer_streamed is False
     assert codes(result) == [NoticeCode.SCHEMA]
 
 
 def test_nothing_reached_a_lane_notice_only_retry() -> None:
     events, result = play("<channel:thinking></channel:thinking><channel:action>{oops}</channel:action>")
     assert events == []
-    assert result.outcome is Outcome.RETRY and result.thinking == ""
-    assert all(lane["emitted_chars"] == 0 for lane in result.streamed_state["lanes"])  # type: ignore[union-attr]
+    assert result.outcome is RoundOutcome.RETRY and result.thinking == ""
+    assert all(lane.emitted_chars == 0 for lane in result.streamed_state.lanes)
     assert codes(result) == [NoticeCode.SCHEMA]
 
 
 def test_valid_action_runs_in_partly_invalid_round() -> None:
     raw = T + action(call("demo.clock")) + action({**call("demo.clock"), "why": "twice"})
     events, result = play(raw)
-    assert result.outcome is Outcome.TOOLS
+    assert result.outcome is RoundOutcome.TOOLS
     assert [c.index for c in result.calls] == [0]
     assert [e.index for e in tool_calls(events)] == [0]
     assert codes(result) == [NoticeCode.SCHEMA] and result.notices[0].index == 1
@@ -536,7 +497,7 @@ def test_valid_action_runs_in_partly_invalid_round() -> None:
 
 def test_denied_action_does_not_fail_validation() -> None:
     _, result = play(T + action(complete("Done.")) + action(call("demo.clock")))
-    assert result.outcome is Outcome.FINISH
+    assert result.outcome is RoundOutcome.FINISH
     assert codes(result) == [NoticeCode.AFTER_FINAL]
 
 
@@ -546,7 +507,7 @@ def test_denied_action_does_not_fail_validation() -> None:
 def test_streamed_state_from_gate_counters() -> None:
     raw = T + action(call("demo.clock")) + action(complete('Say "hi"\\n\n'))
     events, result = play(chunks(raw, 3))
-    assert result.streamed_state == {
+    assert msgspec.to_builtins(result.streamed_state) == {  # as round.completed carries it
         "answer_streamed": True,
         "answer_text": 'Say "hi"\\n\n',
         "lanes": [
@@ -554,20 +515,20 @@ def test_streamed_state_from_gate_counters() -> None:
             {"index": 1, "lane": "answer", "status": "allowed", "emitted_chars": len('Say "hi"\\n\n')},
         ],
     }
-    assert answer_text(events) == result.streamed_state["answer_text"]
+    assert answer_text(events) == result.streamed_state.answer_text
 
 
 def test_streamed_state_ignores_answers_that_never_reached_a_client() -> None:
     raw = T + action(call("demo.search", query="x")) + action(complete("Denied answer."))
     _, result = play(raw)
-    assert result.streamed_state["answer_streamed"] is False
-    assert result.streamed_state["answer_text"] == ""
+    assert result.streamed_state.answer_streamed is False
+    assert result.streamed_state.answer_text == ""
 
 
 def test_thinking_is_never_evidence_of_an_answer() -> None:
     _, result = play(thinking("The answer is 42.") + "<channel:action>{")
     assert result.thinking == "The answer is 42."
-    assert result.streamed_state == {
+    assert msgspec.to_builtins(result.streamed_state) == {  # as round.completed carries it
         "answer_streamed": False,
         "answer_text": "",
         "lanes": [{"index": 0, "lane": "unknown", "status": "denied", "emitted_chars": 0}],

@@ -21,7 +21,7 @@ from actors.store import (
 )
 from actors.store.postgres import PostgresStore
 from actors.store.sqlite import SqliteStore
-from protocol.events import Event
+from protocol.events import Event, ThinkingDelta, ToolResult
 
 StoreFactory = Callable[[], Store]
 
@@ -73,8 +73,9 @@ async def store(make_store: StoreFactory) -> AsyncIterator[Store]:
     await s.close()
 
 
-def ev(conversation_id: str, seq: int, event: str = "thinking.delta", **data: object) -> Event:
-    return Event(conversation_id=conversation_id, seq=seq, event=event, data=dict(data), ts=1700000000.0 + seq)
+def ev(conversation_id: str, seq: int, text: str = "") -> Event:
+    data = ThinkingDelta(turn_id="t1", round=1, text=text)
+    return Event.of(conversation_id, seq, data, ts=1700000000.0 + seq)
 
 
 def evs(conversation_id: str, first: int, last: int) -> list[Event]:
@@ -91,11 +92,10 @@ async def test_read_events_returns_appended_events_in_seq_order(store: Store) ->
 
 
 async def test_event_data_round_trips_exactly(store: Store) -> None:
-    event = Event(
-        conversation_id="c", seq=1, event="tool.result",
-        data={"ok": True, "result": {"temp_c": 12, "nested": [1, 2.5, None, "é€😀"]}, "text": "</x>\n"},
-        ts=1712345678.123456,
-    )
+    event = Event.of("c", 1, ToolResult(
+        turn_id="t1", call_id="t1.1.0", tool_id="demo.x", ok=True, duration_ms=3,
+        result={"temp_c": 12, "nested": [1, 2.5, None, "é€😀"], "text": "</x>\n"},
+    ), ts=1712345678.123456)
     await store.append_events("c", [event])
     assert await store.read_events("c", 0) == [event]
 

@@ -25,14 +25,13 @@ CHILD = textwrap.dedent(
     """
     import asyncio, sys
     from actors.store.sqlite import SqliteStore
-    from protocol.events import Event
+    from protocol.events import AnswerDelta, Event
 
     async def writer(store, cid):
         seq = 0
         while True:
             batch = [
-                Event(conversation_id=cid, seq=seq + i, event="answer.delta",
-                      data={"text": "x" * 200}, ts=0.0)
+                Event.of(cid, seq + i, AnswerDelta(turn_id="t1", round=1, text="x" * 200), ts=0.0)
                 for i in (1, 2)
             ]
             await store.append_events(cid, batch)

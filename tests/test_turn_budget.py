@@ -99,22 +99,22 @@ async def test_ask_user_answer_becomes_the_observation_and_no_model_call_while_p
     ))
     h.send("what's the weather?")
     ask = await h.wait_event("ask_user")
-    assert ask.data["question"] == "Which city?" and ask.data["options"] == ["Paris", "London"]
-    assert ask.data["timeout_s"] == 300
+    assert ask.data.question == "Which city?" and ask.data.options == ["Paris", "London"]
+    assert ask.data.timeout_s == 300
     calls_at_ask = h.model_calls
     # Let the loop run freely while paused: still no model call.
     for _ in range(50):
         await asyncio.sleep(0)
     assert h.model_calls == calls_at_ask == 1
-    assert h.conv.pending_asks() == [ask.data["ask_id"]]
+    assert h.conv.pending_asks() == [ask.data.ask_id]
 
-    assert h.conv.answer(ask.data["ask_id"], "London")
+    assert h.conv.answer(ask.data.ask_id, "London")
     await h.idle()
     [result] = h.results("react.ask_user")
     assert result["ok"] is True and result["result"] == {"answer": "London"}
     assert '{"answer": "London"}' in h.calls[1].text()
     assert h.completed()[-1]["final_answer"] == "Cloudy in London, 9 °C."
-    assert not h.conv.answer(ask.data["ask_id"], "Paris")                  # a late second answer does nothing
+    assert not h.conv.answer(ask.data.ask_id, "Paris")                  # a late second answer does nothing
     h.check_invariants()
 
 

@@ -52,7 +52,7 @@ async def test_write_tool_is_denied_in_ask_mode_never_executed_and_works_again_i
     def back_to_agent_mode(e: object) -> None:
         assert h.workspace().get("notes") is None                   # never executed while in ask mode
         h.conv.set_mode("agent")
-        assert h.conv.answer(e.data["ask_id"], "done")              # type: ignore[attr-defined]
+        assert h.conv.answer(e.data.ask_id, "done")  # type: ignore[union-attr]
 
     h.when("ask_user", back_to_agent_mode)
     done = await h.turn("note: remember the milk")

@@ -107,10 +107,10 @@ async def test_follow_up_mid_turn_starts_the_next_turn_after_this_one_ends() -> 
     await h.idle()
 
     assert sent_mid_turn == [True]
-    order = [(e.event, e.data.get("turn_id")) for e in h.events if e.event.startswith("turn.")]
+    order = [(e.event, getattr(e.data, "turn_id", None)) for e in h.events if e.event.startswith("turn.")]
     assert order == [("turn.started", "t1"), ("turn.completed", "t1"),
                      ("turn.started", "t2"), ("turn.completed", "t2")]
-    turns = [e.data.get("turn_id") for e in h.events if "turn_id" in e.data]
+    turns = [e.data.turn_id for e in h.events if hasattr(e.data, "turn_id")]
     assert turns == sorted(turns)                                     # never interleaved
     assert [d["user_message_id"] for d in h.named("turn.started")] == ["m1", "m2"]
     assert [d["final_answer"] for d in h.completed()] == ["Rain in Paris.", "Clouds in London."]
@@ -203,7 +203,7 @@ async def test_steer_while_waiting_for_the_user_observes_steered_and_forgets_the
     [result] = h.results("react.ask_user")
     assert result["error"] == "steered"
     assert h.conv.pending_asks() == []
-    assert not h.conv.answer(asked.result().data["ask_id"], "Paris")     # too late: nothing waits for it
+    assert not h.conv.answer(asked.result().data.ask_id, "Paris")     # too late: nothing waits for it
     assert done["reason"] == "complete" and h.calls[1].tools() == []
     h.check_invariants()
 

@@ -1,15 +1,15 @@
-"""The durable store behind conversations: the interface every backend implements (SPEC §5 Store).
+"""The durable store behind conversations: the interface every backend implements (docs/design.md#store).
 
 A conversation is the single writer of its event log; the store makes that log durable and
 protects the guarantees that survive crashes and re-activations:
 
-- write-ahead rule (SPEC §5): `append_events` returns only once the events are durable, so no
+- write-ahead rule (docs/design.md#write-ahead): `append_events` returns only once the events are durable, so no
   event reaches a client before it is;
-- `seq` is never reused (SPEC §6): an append whose first seq is not `last_seq + 1` raises
+- `seq` is never reused (docs/design.md#event-log): an append whose first seq is not `last_seq + 1` raises
   `SeqConflict`, checked inside the committing transaction, so two activations that ever raced
   cannot both write the same seq;
-- idempotency keys (SPEC §6) are checked and inserted atomically;
-- a tool call whose result is durable is never executed again (SPEC §5 Faults): first write wins.
+- idempotency keys (docs/wire-protocol.md#10-delivery-idempotency-resume-multiplexing) are checked and inserted atomically;
+- a tool call whose result is durable is never executed again (docs/design.md#recovery): first write wins.
 
 Every write goes through a group-commit queue (`GroupCommit`): concurrent writes of many
 conversations share one transaction and one fsync, which is what makes one SQLite file carry many
@@ -24,12 +24,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
-import msgspec
-
 from actors.hosting import Owner
-from protocol.events import Event
+from protocol.events import Event, decode_data, encode_data
 
-# SPEC §6: idempotency keys are durable for at least 24 h; prune only what is older.
+# Idempotency keys are durable for at least 24 h; prune only what is older.
 IDEMPOTENCY_TTL_S = 24 * 3600.0
 
 DEFAULT_READ_LIMIT = 1000
@@ -141,16 +139,13 @@ class Store(Protocol):
 
 # -- helpers shared by the backends -------------------------------------------------------------
 
-_encode_data = msgspec.json.Encoder().encode
-_decode_data = msgspec.json.Decoder(dict[str, Any]).decode
-
-
 def encode_event_data(event: Event) -> bytes:
-    return _encode_data(event.data)
+    return encode_data(event.data)
 
 
 def decode_event(conversation_id: str, seq: int, name: str, data: bytes, ts: float) -> Event:
-    return Event(conversation_id=conversation_id, seq=seq, event=name, data=_decode_data(data), ts=ts)
+    """A stored event, typed by its kind: what a live subscriber got, field for field."""
+    return Event(conversation_id=conversation_id, seq=seq, event=name, data=decode_data(name, data), ts=ts)
 
 
 def check_append(conversation_id: str, events: Sequence[Event]) -> None:
