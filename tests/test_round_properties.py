@@ -19,11 +19,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from actors.gates import GateStatus
-from actors.round import RoundEngine, RoundEvent, RoundResult
+from actors.round import RoundEvent, RoundResult
 from protocol.channels import AnswerText, ChannelParser
 from protocol.events import AnswerDelta
 from protocol.notices import NoticeCode
 from protocol.prefix import OPENING, PREVIEW_CHARS
+from tests import roundkit
 from tests.roundkit import merged, rules
 
 # ROUND_PROPERTY_EXAMPLES=5000 for a longer hunt; the default keeps the file to a few seconds.
@@ -144,7 +145,6 @@ round_rules = st.builds(
 class Played:
     events: list[RoundEvent]
     result: RoundResult
-    engine: RoundEngine
 
     def comparable(self) -> dict[str, Any]:
         """Everything a client or the model could observe."""
@@ -165,14 +165,7 @@ class Played:
 
 
 def play(deltas: list[str], round_rules: Any) -> Played:
-    engine = RoundEngine(round_rules, turn_id="t1", round_no=1)
-    events: list[RoundEvent] = []
-    for delta in deltas:
-        events += engine.feed(delta)
-        if engine.aborted:
-            break
-    tail, result = engine.finish()
-    return Played(events + tail, result, engine)
+    return Played(*roundkit.play(deltas, round_rules))
 
 
 def decoded_answers(text: str) -> dict[int, str]:

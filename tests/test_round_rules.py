@@ -347,9 +347,35 @@ TRAIT_TOOLS = {trait: f"synthetic.{trait}" for trait in Trait}
 TRAIT_CATALOG = Catalog(ToolDecl(tool_id, trait=trait) for trait, tool_id in TRAIT_TOOLS.items())
 
 
-@pytest.mark.parametrize(("pair", "compatible"), TRAIT_MATRIX.items(), ids=lambda v: "-".join(v) if isinstance(v, tuple) else str(v))
-def test_trait_matrix(pair: tuple[Trait, Trait], compatible: bool) -> None:
-    accepted, candidate = pair
+# The matrix as docs/design.md#trait-matrix writes it, cell by cell: (accepted, candidate) → may the
+# candidate share the round? Written out here, not read from the code, so a flipped cell fails.
+EXPECTED_TRAIT_MATRIX = {
+    ("exploration", "exploration"): True,
+    ("exploration", "exploitation"): False,   # it may read the in-flight result
+    ("exploration", "neutral"): True,
+    ("exploration", "unknown"): False,
+    ("exploitation", "exploration"): True,
+    ("exploitation", "exploitation"): True,
+    ("exploitation", "neutral"): True,
+    ("exploitation", "unknown"): False,
+    ("neutral", "exploration"): True,
+    ("neutral", "exploitation"): True,
+    ("neutral", "neutral"): True,
+    ("neutral", "unknown"): False,
+    ("unknown", "exploration"): False,
+    ("unknown", "exploitation"): False,
+    ("unknown", "neutral"): False,
+    ("unknown", "unknown"): False,
+}
+
+
+def test_trait_matrix_table_is_the_documented_one() -> None:
+    assert {(str(a), str(c)): v for (a, c), v in TRAIT_MATRIX.items()} == EXPECTED_TRAIT_MATRIX
+
+
+@pytest.mark.parametrize(("pair", "compatible"), EXPECTED_TRAIT_MATRIX.items(), ids=lambda v: "-".join(v) if isinstance(v, tuple) else str(v))
+def test_trait_matrix(pair: tuple[str, str], compatible: bool) -> None:
+    accepted, candidate = Trait(pair[0]), Trait(pair[1])
     raw = T + action(call(TRAIT_TOOLS[accepted])) + action(call(TRAIT_TOOLS[candidate]))
     _, result = play(chunks(raw, 7), rules(catalog=TRAIT_CATALOG, validate_params=None))
     assert lane(result.streamed_state, 0).status == GateStatus.ALLOWED

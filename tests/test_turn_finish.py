@@ -4,12 +4,17 @@ limit (§3.4)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from typing import Any
+
+from actors.llm.stream import ModelDelta, ModelFinished
 from actors.turn import GIVE_UP_MESSAGES
 from protocol.notices import NoticeCode
 from tests.convkit import (
     action,
     answer_round,
     call,
+    complete,
     harness,
     rounds_script,
     text_round,
@@ -109,6 +114,29 @@ async def test_protocol_retries_exhausted_end_the_turn_with_a_plain_message() ->
     assert h.notice_codes() == [[NoticeCode.PREAMBLE]] * 3                 # the first try + 2 retries
     assert h.model_calls == 3
     assert h.named("thinking.delta") == [] and h.named("answer.delta") == []
+    h.check_invariants()
+
+
+async def test_a_preamble_stops_reading_and_closes_the_provider_stream() -> None:
+    read: list[str] = []
+    closed: list[bool] = []
+
+    async def provider(models: Any, messages: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        try:
+            for text in ["Sure", "! ", thinking("late"), action(complete("never shown"))]:
+                read.append(text)
+                yield ModelDelta(text)
+            yield ModelFinished("stop", models[0])
+        finally:
+            closed.append(True)
+
+    h = harness(model="scripted/unused", stream=provider, max_protocol_retries=0)
+    done = await h.turn("hello")
+
+    assert read == ["Sure"]                       # the first impossible delta ends the generation
+    assert closed == [True]
+    assert done["reason"] == "protocol_violation"
+    assert h.notice_codes() == [[NoticeCode.PREAMBLE]]
     h.check_invariants()
 
 

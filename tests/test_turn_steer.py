@@ -165,6 +165,17 @@ async def test_cancel_ends_the_turn_as_cancelled_and_a_queued_follow_up_still_ru
     h.check_invariants()
 
 
+async def test_cancel_in_a_later_round_observes_only_the_calls_still_owed() -> None:
+    # Calls of earlier rounds already have their observation; a cancel must not give them another.
+    h = harness(rounds_script(tool_round("demo.clock"), tool_round("demo.sleep", seconds=30)))
+    h.when("tool.call", lambda e: h.conv.cancel(), round=2)
+    done = await h.turn("time, then wait")
+
+    assert done["reason"] == "cancelled"
+    assert [(r["tool_id"], r["ok"]) for r in h.results()] == [("demo.clock", True), ("demo.sleep", False)]
+    h.check_invariants()
+
+
 async def test_cancel_mid_generation_ends_the_turn_as_cancelled() -> None:
     h = harness(rounds_script(SLOW_THINKING, tool_round("demo.clock"), answer_round("It is 2026.")))
     h.when("thinking.delta", lambda e: h.conv.cancel())
