@@ -106,7 +106,13 @@ class Catalog:
 
 
 class ToolExecutor(Protocol):
-    """Runs a batch of accepted calls; every call gets exactly one observation, in call order."""
+    """Runs a batch of accepted calls; every call gets exactly one observation, in call order.
+
+    An executor also holds per-conversation state (exploration counter, workspace). Where that
+    state lives decides the last three methods: an in-process executor hands it to the
+    conversation's snapshot (`export_conversation`), takes it back on re-activation
+    (`import_conversation`) and drops it on passivation (`forget`); an executor that keeps its own
+    durable copy (the Ray tool pool) exports nothing and ignores the other two."""
 
     async def execute_batch(
         self, conversation_id: str, turn_id: str, calls: Sequence[ToolCall], *,
@@ -114,3 +120,15 @@ class ToolExecutor(Protocol):
     ) -> list[Observation]: ...
 
     async def reset_exploration(self, conversation_id: str) -> None: ...
+
+    def export_conversation(self, conversation_id: str) -> dict[str, Any]:
+        """The conversation's executor state as plain data, for its snapshot."""
+        ...
+
+    def import_conversation(self, conversation_id: str, state: Mapping[str, Any]) -> None:
+        """Restore what `export_conversation` returned, on re-activation."""
+        ...
+
+    def forget(self, conversation_id: str) -> None:
+        """Drop a passivated conversation's state from memory."""
+        ...

@@ -206,9 +206,7 @@ class Conversation:
         return None
 
     def snapshot(self) -> bytes:
-        export = getattr(self.tools, "export_conversation", None)
-        if export is not None:
-            self.state.tools = export(self.conversation_id)
+        self.state.tools = self.tools.export_conversation(self.conversation_id)
         return self.state.encode()
 
     # -- what a turn does (TurnContext) ---------------------------------------------------------------

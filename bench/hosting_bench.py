@@ -30,7 +30,8 @@ at the end. Everything stays in-process or on loopback; stores are temporary SQL
 
 Ray starts its worker processes at niceness 15; the local backend runs in this process at 0. On a
 shared machine that alone decides the comparison (measured here under other load: ray 41% of
-local at niceness 15), so the bench sets `RAY_worker_niceness` to --ray-niceness (default 0).
+local at niceness 15), so the bench starts Ray with its `worker_niceness` setting at --ray-niceness
+(default 0), as `RayBackend` does when it starts Ray itself.
 """
 
 from __future__ import annotations
@@ -60,18 +61,18 @@ except ImportError:  # pragma: no cover - fall back to /proc
     psutil = None
 
 from actors.conversation import Runtime
-from actors.hosting import Owner, SetMode, UserMessage
+from actors.hosting.backend import Owner, SetMode, UserMessage
+from actors.hosting.local import LocalBackend
 from actors.llm.scripts import parse_script, register_script
 from actors.llm.stream import stream_model
-from actors.local import LocalBackend
 from actors.profile import AgentProfile, parse_profile
-from actors.ray_actors import NAMESPACE
-from actors.ray_backend import RayBackend
+from actors.ray.backend import RayBackend
+from actors.ray.config import RayConfig
+from actors.ray.names import NAMESPACE
 from actors.store import store_from_url
 from actors.tools.demo import demo_registry
 from actors.tools.durable import DurableTools
 from actors.tools.executor import LocalToolExecutor
-from gateway.settings import Settings
 
 OWNER = Owner(tenant="bench", sub="hosting")
 MEMORY_GOAL = 1000.0
@@ -79,7 +80,6 @@ THROUGHPUT_GOAL = 0.50
 WORDS = ("rain", "Paris", "umbrella", "jacket", "12 °C", "wind", "west", "cafés", "Seine", "evening")
 SCRIPT_NAME = "hosting-bench-stream"
 TIMEOUT_S = 300.0
-NICENESS_VAR = "RAY_worker_niceness"  # Ray reads its config flags as RAY_<name>, case-sensitive
 
 
 # -- set-up ------------------------------------------------------------------------------------------
@@ -159,8 +159,8 @@ async def host_stats(backend: RayBackend) -> list[dict[str, Any]]:
 # -- 1. idle conversations -------------------------------------------------------------------------
 
 
-async def sharded_idle(settings: Settings, scripts: dict[str, str], m: int, sequential: int) -> dict[str, Any]:
-    backend = RayBackend(settings, PROFILES, default_agent="idle", scripts=scripts, hosts=2)
+async def sharded_idle(config: RayConfig, m: int, sequential: int) -> dict[str, Any]:
+    backend = RayBackend(config, default_agent="idle")
     await backend.start()
     try:
         cids = [(await activate_idle(backend))[0] for _ in range(20)]  # warm both hosts
@@ -222,8 +222,8 @@ async def sharded_idle(settings: Settings, scripts: dict[str, str], m: int, sequ
         await backend.stop()
 
 
-async def dedicated_idle(settings: Settings, scripts: dict[str, str], d: int) -> dict[str, Any]:
-    backend = RayBackend(settings, PROFILES, default_agent="idle-dedicated", scripts=scripts, hosts=2)
+async def dedicated_idle(config: RayConfig, d: int) -> dict[str, Any]:
+    backend = RayBackend(config, default_agent="idle-dedicated")
     await backend.start()
     names: list[str] = []
     latencies: list[float] = []
@@ -360,17 +360,18 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
     register_script(SCRIPT_NAME, path)
     scripts = {SCRIPT_NAME: str(path)}
     ray_url = f"sqlite:///{tmp / 'ray.sqlite3'}"
-    settings = Settings(store=ray_url, idle_ttl_s=3600)
+    config = RayConfig(store_url=ray_url, registry=demo_registry(), profiles=PROFILES, scripts=scripts,
+                       idle_ttl_s=3600, hosts=2)
 
     t = time.perf_counter()
-    sharded = await sharded_idle(settings, scripts, args.idle, sequential=min(200, args.idle))
+    sharded = await sharded_idle(config, args.idle, sequential=min(200, args.idle))
     print(f"  [sharded idle: {time.perf_counter() - t:.1f} s]", flush=True)
     t = time.perf_counter()
-    dedicated = await dedicated_idle(settings, scripts, args.dedicated)
+    dedicated = await dedicated_idle(config, args.dedicated)
     print(f"  [dedicated idle: {time.perf_counter() - t:.1f} s]", flush=True)
 
     t = time.perf_counter()
-    ray_backend = RayBackend(settings, PROFILES, default_agent="flush0", scripts=scripts, hosts=2)
+    ray_backend = RayBackend(config, default_agent="flush0")
     await ray_backend.start()
     store = store_from_url(f"sqlite:///{tmp / 'local.sqlite3'}")
     registry = demo_registry()
@@ -390,7 +391,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
 def report(args: argparse.Namespace, sharded: dict[str, Any], dedicated: dict[str, Any],
            stream: dict[str, dict[str, Any]], chunks: int) -> None:
     print()
-    niceness = os.environ[NICENESS_VAR]
+    niceness = args.ray_niceness
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; Ray {ray.__version__}, num_cpus=2; "
           f"Ray worker niceness {niceness} (the local backend runs at {os.nice(0)})")
     print()
@@ -484,13 +485,13 @@ def main() -> None:
     args.dedicated = args.dedicated or (4 if quick else 12)
     args.repeats = args.repeats or (3 if quick else 5)
     args.agents = ["flush0"] if quick else ["flush0", "flush25"]
-    # Ray starts its workers at niceness 15 by default; on a machine where other processes compete for
-    # the CPUs, niced hosts would lose to the local backend for reasons that have nothing to do with
-    # hosting. Read by the raylet when ray.init starts it.
-    os.environ[NICENESS_VAR] = str(args.ray_niceness)
     with tempfile.TemporaryDirectory(prefix="hosting-bench-") as tmp:
         t = time.perf_counter()
-        ray.init(num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
+        # Ray starts its workers at niceness 15 by default; on a machine where other processes compete
+        # for the CPUs, niced hosts would lose to the local backend for reasons that have nothing to do
+        # with hosting. The raylet this call starts applies it to every worker it launches.
+        ray.init(num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False,
+                 _system_config={"worker_niceness": args.ray_niceness})
         try:
             asyncio.run(run(args, Path(tmp)))
         finally:

@@ -1,7 +1,9 @@
 """Assembly: settings in, a ready backend out — the agent profile, its model, tools, store, hosting.
 
 Everything `reactgate serve` needs is decided here, at start-up, so that a bad profile, a bad
-script or an unusable store is a clear error before the port opens (SPEC §9).
+script or an unusable store is a clear error before the port opens (docs/design.md#profiles).
+This is the edge where configuration is read: the backends below receive typed objects (a
+`Runtime`, a `RayConfig`) and never look at the environment or at `Settings` themselves.
 """
 
 from __future__ import annotations
@@ -10,10 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from actors.conversation import Runtime
-from actors.hosting import Backend
+from actors.hosting.backend import Backend
 from actors.llm.scripts import load_script, register_script
 from actors.llm.stream import stream_model
 from actors.profile import AgentProfile, demo_profile, load_profile
+from actors.ray.config import RayConfig
 from actors.store import store_from_url
 from actors.tools.demo import demo_registry
 from actors.tools.durable import DurableTools
@@ -61,7 +64,7 @@ def register_playback(script_path: Path) -> None:
 
 
 def local_backend(settings: Settings, setup: AgentSetup) -> Backend:
-    from actors.local import LocalBackend
+    from actors.hosting.local import LocalBackend
 
     store = store_from_url(settings.store)
     runtime = Runtime(
@@ -75,15 +78,31 @@ def local_backend(settings: Settings, setup: AgentSetup) -> Backend:
     )
 
 
+def ray_config(settings: Settings, setup: AgentSetup) -> RayConfig:
+    """Everything the Ray cluster needs, from the gateway's settings. The store URL travels to the
+    hosts and the tool pool inside it (from REACTGATE_STORE here, a Secret on Kubernetes)."""
+    return RayConfig(
+        store_url=settings.store,
+        registry=setup.registry,
+        profiles={setup.profile.name: setup.profile},
+        scripts={SERVE_SCRIPT_NAME: str(setup.script_path)} if setup.script_path else {},
+        idle_ttl_s=settings.idle_ttl_s,
+        hosts=settings.hosts,
+        address=settings.ray_address,
+        local_cpus=settings.ray_cpus,
+    )
+
+
+def ray_backend(settings: Settings, setup: AgentSetup) -> Backend:
+    from actors.ray.backend import RayBackend  # imports Ray: only when serving with it
+
+    return RayBackend(ray_config(settings, setup), default_agent=setup.profile.name)
+
+
 def build_backend(settings: Settings) -> Backend:
     if settings.store.startswith("sqlite:///") and not settings.store.startswith("sqlite:///:memory:"):
         Path(settings.store.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     setup = agent_setup(settings)
     if settings.backend == "local":
         return local_backend(settings, setup)
-    from actors.ray_backend import RayBackend
-
-    return RayBackend(
-        settings, {setup.profile.name: setup.profile}, default_agent=setup.profile.name,
-        scripts={SERVE_SCRIPT_NAME: str(setup.script_path)} if setup.script_path else {},
-    )
+    return ray_backend(settings, setup)

@@ -1,4 +1,4 @@
-"""Who is calling (SPEC §6 Auth): a JWT HS256 with claims `sub` and `tenant`.
+"""Who is calling (docs/wire-protocol.md#authentication): a JWT HS256 with claims `sub` and `tenant`.
 
 The token comes from `Authorization: Bearer <JWT>` or, for browsers that cannot set headers on
 a WebSocket, `?token=<JWT>`. A refused token rejects the *handshake* with HTTP 401 (the server's
@@ -20,7 +20,7 @@ from urllib.parse import parse_qs
 import jwt
 from pydantic import SecretStr
 
-from actors.hosting import Owner
+from actors.hosting.backend import Owner
 
 ANONYMOUS = Owner(tenant="local", sub="local")
 ALGORITHMS = ["HS256"]

@@ -1,6 +1,6 @@
-"""The gateway: WebSocket `reactgate.v1` at /ws plus plain HTTP on the same port (SPEC §6).
+"""The gateway: WebSocket `reactgate.v1` at /ws plus plain HTTP on the same port (docs/wire-protocol.md).
 
-A thin shell over the hosting interface (`actors.hosting.Backend`): it authenticates the
+A thin shell over the hosting interface (`actors.hosting.backend.Backend`): it authenticates the
 handshake, decodes frames (`protocol.frames`), applies the per-connection limits, calls the
 backend, and hands everything it sends to the connection's `Session` queue.
 
@@ -11,7 +11,8 @@ Refusals, by where they happen:
 - after the handshake: max connections → close 1013; frame over max_frame_bytes → close 1009
   (websockets' `max_size`); `bad_frames_before_close` bad frames in a row → close 1008; drain →
   close 1012.
-- everything else is an `error` frame and the connection stays open. Choices the SPEC leaves open:
+- everything else is an `error` frame and the connection stays open. Choices this gateway makes
+  (docs/wire-protocol.md#14-details-worth-knowing):
   subscribing to more than `max_conversations_per_connection` conversations is `overloaded` (a
   resource limit, like rate_limited — not a malformed frame); a client that keeps sending but
   never reads its replies is closed with 1008 once its send queue is full even of control frames.
@@ -38,7 +39,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
-from actors.hosting import (
+from actors.hosting.backend import (
     Answer,
     Backend,
     Cancel,

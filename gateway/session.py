@@ -3,12 +3,12 @@
 Everything the connection sends goes through one bounded queue drained by one writer task, the
 only code that ever awaits this client's socket. Subscription tasks never await the socket:
 they append to the queue or, when it is full, pause. That is how one slow client never delays
-another, nor the backend's shared event path (SPEC §6 "Slow consumers").
+another, nor the backend's shared event path (docs/wire-protocol.md#11-limits-slow-consumers-drain).
 
 On overflow every subscription of the connection pauses: its task is cancelled, its queued
 events are dropped, and the client gets one `slow_consumer` error per paused conversation with
 `last_seq`, the last seq handed to its socket *before* that error frame. Re-subscribing with
-`after_seq = last_seq` therefore loses nothing and duplicates nothing (SPEC guarantee 5).
+`after_seq = last_seq` therefore loses nothing and duplicates nothing (docs/design.md#guarantees).
 
 Control frames (ack, error, pong) are also bounded, with headroom above the event bound: a
 client that keeps sending but never reads is closed with 1008 once even that headroom is gone.
@@ -27,7 +27,7 @@ from typing import Protocol
 
 from websockets.exceptions import ConnectionClosed
 
-from actors.hosting import Backend, Forbidden, Owner
+from actors.hosting.backend import Backend, Forbidden, Owner
 from gateway.limits import BadFrameCounter, TokenBucket
 from gateway.metrics import GatewayMetrics
 from gateway.settings import Settings

@@ -1,4 +1,4 @@
-"""Gateway settings (SPEC §9): pydantic-settings, environment prefix `REACTGATE_`.
+"""Gateway settings (README.md#configuration): pydantic-settings, environment prefix `REACTGATE_`.
 
 `auth_secret` is a `SecretStr`: its value never appears in a repr, a log line or an error.
 """
@@ -24,6 +24,11 @@ class Settings(BaseSettings):
     model: str | None = None
     store: str = "sqlite:///./data/reactgate.sqlite3"
     ray_address: str | None = None
+    # The Ray backend's cluster shape (gateway/app.py puts both into the RayConfig): `hosts` is the
+    # number of sharded ConversationHosts (REACTGATE_HOSTS), not the bind address `host` above;
+    # `ray_cpus` is num_cpus of a Ray this process starts when `ray_address` is unset.
+    hosts: int = Field(default=2, gt=0)
+    ray_cpus: int = Field(default=2, gt=0)
     auth_secret: SecretStr | None = None
 
     max_frame_bytes: int = Field(default=256 * 1024, gt=0)
@@ -54,7 +59,7 @@ def is_loopback(host: str) -> bool:
 
 
 def check_bind(settings: Settings) -> None:
-    """Refuse to start on a non-loopback address without `auth_secret` (SPEC §6 Auth)."""
+    """Refuse to start on a non-loopback address without `auth_secret` (docs/wire-protocol.md#authentication)."""
     if settings.auth_secret is None and not is_loopback(settings.host):
         raise BindRefused(
             f"refusing to bind {settings.host!r} without an auth secret: anonymous access is only "

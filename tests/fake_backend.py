@@ -1,6 +1,6 @@
 """A small in-memory Backend for the gateway's own edge tests — NOT the local backend.
 
-It implements `actors.hosting.Backend` just enough to exercise the wire protocol: ownership by
+It implements `actors.hosting.backend.Backend` just enough to exercise the wire protocol: ownership by
 Owner, an append-only event list per conversation, replay-then-live subscriptions (live ones
 wait on an asyncio.Condition), idempotent commands by (conversation_id, id), and the test hook
 `emit(conversation_id, n)` that appends events as a running conversation would.
@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.hosting import (
+from actors.hosting.backend import (
     AckStatus,
     Answer,
     Command,

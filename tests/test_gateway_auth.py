@@ -9,7 +9,7 @@ import jwt
 import pytest
 from pydantic import SecretStr
 
-from actors.hosting import Owner
+from actors.hosting.backend import Owner
 from gateway.auth import ANONYMOUS, Unauthorized, authenticate, token_from
 from gateway.settings import BindRefused, Settings, check_bind, is_loopback
 

@@ -1,4 +1,5 @@
-"""Hosting: the same scenarios on the local and the Ray backend, then Ray's faults (issue 5).
+"""Hosting: the same scenarios on the local and the Ray backend, then Ray's faults
+(docs/design.md#hosting, #recovery).
 
 Ray is real here: one local instance for the module (2 CPUs, no dashboard), shut down at the end.
 """
@@ -20,13 +21,14 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 import ray
 
 from actors.conversation import Runtime
-from actors.hosting import Answer, Owner, SetMode, UserMessage
+from actors.hosting.backend import Answer, Owner, SetMode, UserMessage
+from actors.hosting.local import LocalBackend
 from actors.llm.scripts import register_script
 from actors.llm.stream import stream_model
-from actors.local import LocalBackend
 from actors.profile import AgentProfile, parse_profile
-from actors.ray_actors import NAMESPACE, TOOL_POOL_NAME
-from actors.ray_backend import RayBackend
+from actors.ray.backend import RayBackend
+from actors.ray.config import RayConfig
+from actors.ray.names import NAMESPACE, TOOL_POOL_NAME
 from actors.store import store_from_url
 from actors.tools.demo import demo_registry
 from actors.tools.durable import DurableTools
@@ -106,8 +108,9 @@ def ray_cluster() -> Any:
 
 
 async def _ray_backend(store_url: str, script_files: dict[str, str]) -> RayBackend:
-    backend = RayBackend(Settings(store=store_url, idle_ttl_s=600), PROFILES, default_agent="weather",
-                         scripts=script_files, hosts=2)
+    config = RayConfig(store_url=store_url, registry=demo_registry(), profiles=PROFILES, scripts=script_files,
+                       idle_ttl_s=600, hosts=2)
+    backend = RayBackend(config, default_agent="weather")
     await backend.start()
     return backend
 
@@ -261,7 +264,7 @@ async def test_passivated_conversation_reactivates_with_state_intact(backend: An
 
 
 def _cancel() -> Any:
-    from actors.hosting import Cancel
+    from actors.hosting.backend import Cancel
 
     return Cancel("cancel-1")
 
@@ -411,7 +414,7 @@ async def test_client_reconnects_to_another_gateway_and_resumes(
 async def test_dedicated_placement_runs_one_named_actor_per_conversation(
     ray_cluster: Any, store_url: str, script_files: dict[str, str]
 ) -> None:
-    from actors.ray_actors import DEDICATED_PREFIX
+    from actors.ray.names import DEDICATED_PREFIX
 
     backend = await _ray_backend(store_url, script_files)
     try:
@@ -473,7 +476,7 @@ async def _async_value(value: Any) -> Any:
 
 
 async def test_an_answer_to_no_waiting_question_is_refused(backend: Any) -> None:
-    from actors.hosting import UnknownAsk
+    from actors.hosting.backend import UnknownAsk
 
     cid = await _open(backend, "weather")
     with pytest.raises(UnknownAsk):
@@ -481,7 +484,7 @@ async def test_an_answer_to_no_waiting_question_is_refused(backend: Any) -> None
 
 
 async def test_the_host_prunes_idempotency_keys_older_than_a_day() -> None:
-    from actors.host import HostCore
+    from actors.hosting.host import HostCore
     from actors.store import IDEMPOTENCY_TTL_S
 
     class RecordingStore:
@@ -502,3 +505,33 @@ async def test_the_host_prunes_idempotency_keys_older_than_a_day() -> None:
     finally:
         await core.close()
     assert store.older_than == 1_000_000.0 - IDEMPOTENCY_TTL_S
+
+
+# -- configuration: settings in at the edge, a RayConfig to every actor -------------------------------------
+
+
+def test_the_ray_config_is_built_from_the_gateway_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway.app import agent_setup, ray_config
+
+    monkeypatch.setenv("REACTGATE_HOSTS", "3")      # the variable names of before, now settings
+    monkeypatch.setenv("REACTGATE_RAY_CPUS", "4")
+    settings = Settings(store="postgresql://reactgate:pw-in-dsn@db:5432/reactgate",
+                        ray_address="ray://head:10001", idle_ttl_s=30)
+    setup = agent_setup(settings)
+    config = ray_config(settings, setup)
+    assert (config.hosts, config.local_cpus, config.address, config.idle_ttl_s) == (3, 4, "ray://head:10001", 30)
+    assert config.store_url == settings.store and config.registry is setup.registry
+    assert list(config.profiles) == [setup.profile.name]
+    assert "pw-in-dsn" not in repr(config)          # the DSN travels in it, but never into a log line
+
+
+def test_the_ray_config_pickles_with_its_tool_handlers_by_reference() -> None:
+    import pickle
+
+    from actors.tools.demo import search
+
+    config = RayConfig(store_url="sqlite:///x.sqlite3", registry=demo_registry(), profiles=PROFILES)
+    copy = pickle.loads(pickle.dumps(config))
+    assert [t.tool_id for t in copy.registry] == [t.tool_id for t in config.registry]
+    tool = copy.registry.get("demo.search")
+    assert tool is not None and tool.handler is search

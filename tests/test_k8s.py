@@ -1,4 +1,4 @@
-"""The Kubernetes manifests (SPEC §10), validated offline.
+"""The Kubernetes manifests (k8s/README.md), validated offline.
 
 There is no kubectl or kustomize here, so `build()` composes k8s/kustomization.yaml itself and
 refuses any kustomize feature it does not implement. Built-in kinds are validated strictly against
@@ -48,6 +48,7 @@ NAMESPACED_KINDS = {
 GATEWAY = ("Deployment", "reactgate-gateway")
 AGENTS_MOUNT = "/etc/reactgate/agents"
 AUTH_SECRET_ENV = "REACTGATE_AUTH_SECRET"
+STORE_ENV = "REACTGATE_STORE"
 DRAIN_ENV = "REACTGATE_DRAIN_GRACE_S"
 DRAIN_MARGIN_S = 5  # process exit after the server's drain deadline
 # Env names that hold credentials: they may only come from a Secret.
@@ -61,7 +62,8 @@ SECRET_LITERALS = [
 ]
 REQUIRED_RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
 
-# The profile shape of SPEC §9 as the runtime's model defines it; the demo tools of SPEC §8.
+# The profile shape (docs/design.md#profiles) as the runtime's model defines it; the demo tools
+# (docs/design.md#demo-tools).
 PROFILE_KEYS = set(AgentProfile.model_fields)
 POLICY_KEYS = set(Policies.model_fields)
 DEMO_TOOLS = {tool.tool_id for tool in demo_registry()}
@@ -214,6 +216,20 @@ def secret_problems(docs: list[dict[str, Any]], k8s_dir: Path = K8S_DIR) -> list
     for where, text in texts.items():
         problems += [f"{where}: literal credential {m.group(0)[:12]}…" for rx in SECRET_LITERALS
                      for m in rx.finditer(text)]
+    return problems
+
+
+def store_dsn_problems(docs: list[dict[str, Any]]) -> list[str]:
+    """The DSN is the gateway's, from the Secret; the Ray actors get it from the gateway inside their
+    configuration, so a Ray container that sets it would be a second, ignored copy of a secret."""
+    problems = []
+    source = env_of(gateway_container(docs)).get(STORE_ENV, {}).get("valueFrom", {}).get("secretKeyRef")
+    if not source or source.get("key") != "store-dsn" or source.get("optional"):
+        problems.append(f"gateway does not read {STORE_ENV} from the Secret's store-dsn")
+    for template in ray_pod_templates(docs):
+        for container in template["spec"]["containers"]:
+            if STORE_ENV in env_of(container):
+                problems.append(f"{container['name']}: sets {STORE_ENV}; the hosts get it from the gateway")
     return problems
 
 
@@ -476,6 +492,15 @@ def test_secrets_come_only_from_secret_refs(docs: list[dict[str, Any]]) -> None:
     assert env["OPENAI_API_KEY"]["valueFrom"]["secretKeyRef"]["optional"] is True
     assert secret_problems(breaking(docs, lambda d: env_of(gateway_container(d))[AUTH_SECRET_ENV].update(
         value="hunter2-hunter2", valueFrom={})))
+
+
+def test_store_dsn_goes_from_the_secret_to_the_gateway_only(docs: list[dict[str, Any]]) -> None:
+    assert store_dsn_problems(docs) == []
+    assert store_dsn_problems(breaking(docs, lambda d: find(d, "RayCluster")["spec"]["workerGroupSpecs"][0][
+        "template"]["spec"]["containers"][0]["env"].append(
+            {"name": STORE_ENV, "valueFrom": {"secretKeyRef": {"name": "reactgate-secrets", "key": "store-dsn"}}})))
+    assert store_dsn_problems(breaking(docs, lambda d: gateway_container(d).update(env=[
+        e for e in gateway_container(d)["env"] if e["name"] != STORE_ENV])))
 
 
 def test_auth_secret_is_required_because_the_gateway_binds_all_interfaces(docs: list[dict[str, Any]]) -> None:

@@ -1,10 +1,10 @@
-"""Placement: rendezvous hashing over live hosts and the single-activation table (SPEC §5)."""
+"""Placement: rendezvous hashing over live hosts and the single-activation table (docs/design.md#placement)."""
 
 from __future__ import annotations
 
 import pytest
 
-from actors.placement import NoLiveHost, PlacementTable, rendezvous_pick
+from actors.hosting.placement import NoLiveHost, PlacementTable, rendezvous_pick
 
 HOSTS = ["h0", "h1", "h2"]
 CONVERSATIONS = [f"c{i}" for i in range(300)]
@@ -70,3 +70,12 @@ def test_dedicated_hosts_are_never_placement_candidates() -> None:
 def test_no_live_host_is_an_error() -> None:
     with pytest.raises(NoLiveHost):
         PlacementTable().place("c")
+
+
+def test_assigning_a_dedicated_host_takes_the_conversation_from_any_holder() -> None:
+    t = table("h0")
+    t.claim("own", "h0")
+    t.assign("own", "conv-own", dedicated=True)
+    assert t.place("own") == "conv-own"
+    assert t.claim("own", "h0") == "conv-own"   # the dedicated host now holds the single activation
+    assert "conv-own" not in t.live             # and is never a candidate for another conversation

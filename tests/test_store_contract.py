@@ -1,4 +1,4 @@
-"""The Store contract (SPEC §5 Store, §6 idempotency and resume), run against every backend."""
+"""The Store contract (docs/design.md#store; idempotency and resume: docs/wire-protocol.md#10-delivery-idempotency-resume-multiplexing), run against every backend."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from actors.hosting import Owner
+from actors.hosting.backend import Owner
 from actors.store import (
     IDEMPOTENCY_TTL_S,
     ConversationExists,

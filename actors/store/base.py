@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
-from actors.hosting import Owner
+from actors.hosting.backend import Owner
 from protocol.events import Event, decode_data, encode_data
 
 # Idempotency keys are durable for at least 24 h; prune only what is older.

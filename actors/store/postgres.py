@@ -23,7 +23,7 @@ from typing import Any
 
 import psycopg
 
-from actors.hosting import Owner
+from actors.hosting.backend import Owner
 from actors.store.base import (
     DEFAULT_READ_LIMIT,
     ConversationExists,

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from actors.hosting import Owner
+from actors.hosting.backend import Owner
 from actors.store.base import (
     DEFAULT_READ_LIMIT,
     ConversationExists,

@@ -1,18 +1,20 @@
-"""Durable tool results: a tool call whose result is durable is never executed again (SPEC §5 Faults).
+"""Durable tool results: a tool call whose result is durable is never executed again
+(docs/design.md#tool-pool).
 
 Wraps any executor. Before running a batch it asks the store for results already recorded under
 the same call ids (a batch re-submitted after a crash); it runs only the rest, and records each
-new result before the turn sees it.
+new result before the turn sees it. Everything else an executor does (the exploration budget,
+the per-conversation state a snapshot carries) is the inner executor's, delegated as is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
 
-from actors.catalog import Catalog, Observation, ToolCall
+from actors.catalog import Catalog, Observation, ToolCall, ToolExecutor
 from actors.store import Store
 
 _encode = msgspec.json.Encoder().encode
@@ -20,7 +22,7 @@ _decode = msgspec.json.Decoder(Observation).decode
 
 
 class DurableTools:
-    def __init__(self, inner: Any, store: Store) -> None:
+    def __init__(self, inner: ToolExecutor, store: Store) -> None:
         self.inner = inner
         self.store = store
         self.executed: dict[str, int] = {}  # calls actually run, per conversation (not answered from the store)
@@ -48,5 +50,16 @@ class DurableTools:
                     known[obs.call_id] = _decode(stored) if stored is not None else obs
         return [known[c.call_id] for c in calls]
 
-    def __getattr__(self, name: str) -> Any:  # reset_exploration, export/import_conversation, forget
-        return getattr(self.inner, name)
+    # -- the inner executor's, unchanged ----------------------------------------------------------
+
+    async def reset_exploration(self, conversation_id: str) -> None:
+        await self.inner.reset_exploration(conversation_id)
+
+    def export_conversation(self, conversation_id: str) -> dict[str, Any]:
+        return self.inner.export_conversation(conversation_id)
+
+    def import_conversation(self, conversation_id: str, state: Mapping[str, Any]) -> None:
+        self.inner.import_conversation(conversation_id, state)
+
+    def forget(self, conversation_id: str) -> None:
+        self.inner.forget(conversation_id)

@@ -1,9 +1,12 @@
-"""The in-process tool executor: the logic a ToolPool actor hosts (SPEC §4.2, §4.3, §5).
+"""The in-process tool executor (docs/design.md#observations, #exploration-budget, #tool-pool).
+
+The local backend runs it behind `DurableTools`; on Ray the tool pool (`actors/tools/pool.py`)
+does, inside its actor.
 
 Its one promise: every call in a batch gets exactly one Observation, in the order of the calls.
 Whatever stops a call — unknown tool, invalid params, an incompatible batch, the exploration
 budget, a timeout, an exception — becomes an error observation, never a missing one. The only
-thing that escapes is cancellation, which the turn uses to steer (SPEC §4.9).
+thing that escapes is cancellation, which the turn uses to steer (docs/design.md#steer).
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ class LocalToolExecutor:
         self._per_conversation_limit = max_concurrency_per_conversation
         self._global = asyncio.Semaphore(max_concurrency_global)
         self._conversation_slots: dict[str, _Slots] = {}
-        # The authoritative exploration counters (SPEC §4.3) and workspaces, per conversation.
+        # The authoritative exploration counters (docs/design.md#exploration-budget) and workspaces,
+        # per conversation.
         self._exploration: dict[str, int] = {}
         self._workspaces: dict[str, dict[str, Any]] = {}
 
@@ -84,7 +88,7 @@ class LocalToolExecutor:
         params, violations = self._registry.validate_params(call.tool_id, call.params)
         if params is None:
             return _refuse(call, "invalid_params", violations=violations)
-        # Defense in depth: the gates already checked this batch against SPEC §3.1. A call is
+        # Defense in depth: the gates already checked this batch (docs/design.md#gates). A call is
         # checked against every call of the batch that will run.
         for prior in accepted:
             if not traits_compatible(prior.trait, decl.trait):
@@ -95,7 +99,7 @@ class LocalToolExecutor:
                     f"with {prior.tool_id} ({prior.trait})",
                 )
         if decl.trait is Trait.EXPLORATION:
-            # SPEC §4.3: a call over the cap is not executed and does not count.
+            # docs/design.md#exploration-budget: a call over the cap is not executed and does not count.
             used = self._exploration.get(conversation_id, 0)
             if used >= exploration_cap:
                 return _refuse(call, "EXPLORATION_BUDGET_REACHED", cap=exploration_cap)
@@ -132,7 +136,7 @@ class LocalToolExecutor:
                 if not deadline.expired():  # the handler's own TimeoutError, not our deadline
                     return _failed(call, started, _tool_error(exc))
                 return _failed(call, started, ("timeout", {"timeout_s": timeout_s}))
-            except Exception as exc:  # a tool's failure is an observation (SPEC §4.2)
+            except Exception as exc:  # a tool's failure is an observation (docs/design.md#observations)
                 return _failed(call, started, _tool_error(exc))
         return _succeeded(call, started, result)
 
@@ -146,7 +150,8 @@ class LocalToolExecutor:
 
     def export_conversation(self, conversation_id: str) -> dict[str, Any]:
         """One conversation's counters and workspace as plain data, for its snapshot: exploration
-        counters are durable with the conversation (SPEC §4.3 "counted authoritatively")."""
+        counters are durable with the conversation (docs/design.md#exploration-budget: counted
+        authoritatively)."""
         return {
             "exploration": self._exploration.get(conversation_id, 0),
             "workspace": copy.deepcopy(self._workspaces.get(conversation_id, {})),
@@ -220,7 +225,8 @@ def _succeeded(call: ToolCall, started: float, result: Any) -> Observation:
         return _failed(call, started, _tool_error(problem))
     result = dict(result)
     commands = result.pop("ui_commands", None) or []
-    # SPEC §4.12: each ui_command becomes its own event, so each must be a {"command": ...} object.
+    # docs/design.md#ui-commands: each ui_command becomes its own event, so each must be a
+    # {"command": ...} object.
     if not isinstance(commands, list) or not all(
         isinstance(c, dict) and isinstance(c.get("command"), str) for c in commands
     ):

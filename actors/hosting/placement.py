@@ -1,9 +1,14 @@
-"""Where a conversation lives: rendezvous hashing over live hosts, one activation at a time (SPEC §5).
+"""Where a conversation lives: rendezvous hashing over live hosts, one activation at a time
+(docs/design.md#placement).
 
-Pure and synchronous; the Directory Ray actor is a shell around it. The table is the single
-authority: a conversation is assigned to exactly one host until that host is reported dead, and
-only then re-placed — on the live host with the highest rendezvous weight, so a host's death moves
-only its own conversations.
+Pure and synchronous; the Directory Ray actor (`actors/ray/directory.py`) is a shell around it.
+The table is the single authority: a conversation is assigned to exactly one host until that host
+is reported dead, and only then re-placed — on the live host with the highest rendezvous weight, so
+a host's death moves only its own conversations.
+
+It lives with hosting rather than with the Ray code because it knows nothing of Ray: hosts are
+names, and the rules (single activation, dedicated hosts never picked, a death moves only its own
+conversations) are hosting rules that tests check without starting Ray.
 """
 
 from __future__ import annotations
@@ -68,6 +73,12 @@ class PlacementTable:
         self.add_host(host, dedicated=dedicated)
         self.assigned[conversation_id] = host
         return host
+
+    def assign(self, conversation_id: str, host: str, *, dedicated: bool = False) -> None:
+        """Record `host` as the holder, whoever held it: a dedicated host is created for its one
+        conversation, so it is that conversation's place by definition."""
+        self.add_host(host, dedicated=dedicated)
+        self.assigned[conversation_id] = host
 
     def release(self, conversation_id: str, host: str) -> None:
         """A host passivated the conversation: it may activate anywhere next time."""

@@ -1,9 +1,13 @@
-"""Replay, then live: one subscription's event stream with no gap and no duplicate (SPEC §6 Resume).
+"""Replay, then live: one subscription's event stream with no gap and no duplicate
+(docs/design.md#delivery).
 
 The store is the truth; live batches are a fast path. Every event is durable before it is
 published, so a gap between what was sent and a live batch is always filled from the store, and
 anything at or below the last sent seq is dropped. A listener that falls behind loses nothing: its
 queue is dropped and the stream refills from the store.
+
+Consumer-side code: both backends' `subscribe` run it in the gateway process, each with its own way
+to attach a listener (the local host core directly; the Ray backend through its per-host link).
 """
 
 from __future__ import annotations

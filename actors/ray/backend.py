@@ -1,11 +1,15 @@
-"""The `ray` backend: the gateway as a Ray driver routing to ConversationHosts (SPEC §5).
+"""The `ray` backend: the gateway as a Ray driver routing to ConversationHosts (docs/design.md#hosting).
 
-- Placement: the Directory names a conversation's host (rendezvous hashing, single activation).
+- Placement: the Directory names a conversation's host (rendezvous hashing, single activation,
+  docs/design.md#placement).
 - Events: one long-lived batched pull per (host, gateway) pair — `host.poll` returns everything
-  pending for this gateway — never one Ray call per delta.
+  pending for this gateway — never one Ray call per delta (docs/design.md#delivery).
 - Faults: a host that dies is reported to the Directory; its conversations are re-placed and
   re-watched, which activates them elsewhere from the store. Subscribers are told to look in the
-  store, which holds every event ever published (write-ahead), so nothing is lost.
+  store, which holds every event ever published (write-ahead), so nothing is lost
+  (docs/design.md#recovery).
+
+Configuration is the `RayConfig` it is given; it reads nothing from the environment.
 """
 
 from __future__ import annotations
@@ -13,37 +17,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from actors.hosting import AckStatus, Command, Opened, Owner, SetMode, UnknownAgent
-from actors.local import Owners
-from actors.profile import AgentProfile
-from actors.ray_actors import (
-    DIRECTORY_NAME,
-    NAMESPACE,
-    TOOL_POOL_NAME,
-    ClusterConfig,
-    Directory,
-    NoLiveHost,
-    ToolPool,
-    WrongHost,
-    get_or_create,
-)
+from actors.hosting.backend import AckStatus, Command, Opened, Owner, SetMode, UnknownAgent
+from actors.hosting.owners import Owners
+from actors.hosting.placement import NoLiveHost
+from actors.hosting.subscription import replay_then_live
+from actors.ray.config import RayConfig
+from actors.ray.directory import Directory
+from actors.ray.host import WrongHost
+from actors.ray.names import DIRECTORY_NAME, NAMESPACE, TOOL_POOL_NAME, get_or_create
+from actors.ray.tool_pool import ToolPoolActor
 from actors.store import Store, store_from_url
-from actors.subscription import replay_then_live
 from protocol.events import Event
 
-log = logging.getLogger("reactgate.ray_backend")
+log = logging.getLogger("reactgate.ray.backend")
 
 Listener = Callable[[Sequence[Event]], None]
 ROUTE_ATTEMPTS = 5
+POLL_TIMEOUT_S = 1.0
 
 
 def _cause(exc: RayTaskError) -> BaseException:
@@ -53,53 +51,44 @@ def _cause(exc: RayTaskError) -> BaseException:
 
 
 class _HostLink:
-    """This gateway's batched event stream from one host."""
+    """This gateway's batched event stream from one host: a long poll, batch after batch, until the
+    host is unreachable; then `on_failure` runs once, from the pump itself."""
 
-    def __init__(self, backend: RayBackend, name: str, handle: Any) -> None:
-        self.backend = backend
+    def __init__(
+        self, name: str, handle: Any, gateway_id: str,
+        on_batch: Callable[[Sequence[Event]], None],
+        on_failure: Callable[[_HostLink], Awaitable[None]],
+    ) -> None:
         self.name = name
         self.handle = handle
         self.incarnation: str | None = None
         self.watched: set[str] = set()
+        self._gateway_id = gateway_id
+        self._on_batch = on_batch
+        self._on_failure = on_failure
         self.task = asyncio.get_running_loop().create_task(self._pump())
 
     async def _pump(self) -> None:
-        gateway = self.backend.gateway_id
         while True:
             try:
-                batch = await self.handle.poll.remote(gateway, 1.0)
+                batch = await self.handle.poll.remote(self._gateway_id, POLL_TIMEOUT_S)
             except asyncio.CancelledError:
                 raise
             except (RayActorError, RayTaskError) as exc:
                 log.warning("host %s unreachable (%s): failing over", self.name, type(exc).__name__)
-                await self.backend._host_failed(self)
+                await self._on_failure(self)
                 return
             if batch:
-                self.backend._deliver(batch)
+                self._on_batch(batch)
 
 
 class RayBackend:
-    def __init__(
-        self,
-        settings: Any,
-        profiles: Mapping[str, AgentProfile],
-        *,
-        default_agent: str,
-        scripts: Mapping[str, str] | None = None,
-        hosts: int | None = None,
-    ) -> None:
-        self.settings = settings
-        self.profiles = dict(profiles)
+    def __init__(self, config: RayConfig, *, default_agent: str) -> None:
+        self.config = config
+        self.profiles = dict(config.profiles)
         self.default_agent = default_agent
         self.gateway_id = f"gw-{uuid.uuid4().hex[:12]}"
-        self.host_count = hosts or int(os.environ.get("REACTGATE_HOSTS", "2"))
-        self.config = ClusterConfig(
-            store_url=settings.store,
-            profiles=self.profiles,
-            scripts=dict(scripts or {}),
-            idle_ttl_s=settings.idle_ttl_s,
-        )
-        self.store: Store = store_from_url(settings.store)
+        self.store: Store = store_from_url(config.store_url)
         self.owners = Owners(self.store)
         self._started_ray = False
         self._directory: Any = None
@@ -111,30 +100,34 @@ class RayBackend:
 
     async def start(self) -> None:
         if not ray.is_initialized():
-            address = getattr(self.settings, "ray_address", None)
-            if address:
-                ray.init(address=address, namespace=NAMESPACE, include_dashboard=False)
-            else:
-                # Ray starts workers at niceness 15; here the hosts *are* the service, and at 15 they
-                # yield to every other process on a shared node (bench/hosting_bench.py measured it).
-                os.environ.setdefault("RAY_worker_niceness", "0")
-                ray.init(num_cpus=int(os.environ.get("REACTGATE_RAY_CPUS", "2")), namespace=NAMESPACE,
-                         include_dashboard=False)
+            self._init_ray()
             self._started_ray = True
         await self.store.open()
         self._directory = get_or_create(Directory, DIRECTORY_NAME)
-        get_or_create(ToolPool, TOOL_POOL_NAME, self.config)
+        get_or_create(ToolPoolActor, TOOL_POOL_NAME, self.config)
         if any(p.placement == "sharded" for p in self.profiles.values()):
-            names = await self._directory.ensure_hosts.remote(self.host_count, self.config)
+            names = await self._directory.ensure_hosts.remote(self.config.hosts, self.config)
             await self._wait_for_hosts()
             # /readyz only once every host has its store open and LiteLLM loaded (seconds each).
             await asyncio.gather(*(ray.get_actor(n, namespace=NAMESPACE).ready.remote() for n in names))
 
+    def _init_ray(self) -> None:
+        if self.config.address:
+            ray.init(address=self.config.address, namespace=NAMESPACE, include_dashboard=False)
+            return
+        # A fresh dict each time: Ray adds its own keys to the one it is given. The niceness goes to
+        # the raylet that this call starts, which applies it to every worker process it launches.
+        system_config: dict[str, Any] = {}
+        if self.config.worker_niceness is not None:
+            system_config["worker_niceness"] = self.config.worker_niceness
+        ray.init(num_cpus=self.config.local_cpus, namespace=NAMESPACE, include_dashboard=False,
+                 _system_config=system_config)
+
     async def _wait_for_hosts(self, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
-        while len(await self._directory.hosts.remote()) < self.host_count:
+        while len(await self._directory.hosts.remote()) < self.config.hosts:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"fewer than {self.host_count} ConversationHosts registered in {timeout_s} s")
+                raise RuntimeError(f"fewer than {self.config.hosts} ConversationHosts registered in {timeout_s} s")
             await asyncio.sleep(0.1)
 
     async def stop(self) -> None:
@@ -158,7 +151,7 @@ class RayBackend:
         else:
             await self.owners.check(owner, conversation_id)
             # Re-opening (the gateway also opens before each subscribe) activates the conversation,
-            # so a turn cut by a crash resumes now, not at the next command (SPEC §5).
+            # so a turn cut by a crash resumes now, not at the next command (docs/design.md#recovery).
             await self._call(conversation_id, "activate")
         if mode is not None:
             await self._call(conversation_id, "command", SetMode(id=f"open-{uuid.uuid4().hex}", mode=mode))  # type: ignore[arg-type]
@@ -202,7 +195,7 @@ class RayBackend:
         link = self._links.get(name)
         if link is None:
             handle = ray.get_actor(name, namespace=NAMESPACE)
-            link = self._links[name] = _HostLink(self, name, handle)
+            link = self._links[name] = _HostLink(name, handle, self.gateway_id, self._deliver, self._host_failed)
         return name, link.handle
 
     async def _place(self, conversation_id: str, timeout_s: float = 60.0) -> str:
@@ -215,7 +208,7 @@ class RayBackend:
             except NoLiveHost:
                 if time.monotonic() > deadline:
                     raise
-                await self._directory.ensure_hosts.remote(self.host_count, self.config)
+                await self._directory.ensure_hosts.remote(self.config.hosts, self.config)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
 

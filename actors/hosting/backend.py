@@ -1,7 +1,8 @@
 """The hosting interface: how the gateway reaches conversations, whatever hosts them.
 
-Both backends implement it — `local` (in-process) and `ray` (ConversationHosts) — so the gateway
-and the scenario tests are written once (SPEC §5 "Backends").
+Both backends implement it — `local` (in-process, `actors/hosting/local.py`) and `ray`
+(ConversationHosts, `actors/ray/backend.py`) — so the gateway and the scenario tests are written
+once (docs/design.md#hosting).
 """
 
 from __future__ import annotations

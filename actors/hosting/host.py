@@ -1,7 +1,8 @@
 """Hosting many conversations in one process: activation, mailbox, checkpoints, passivation.
 
-`HostCore` is the plain class a ConversationHost Ray actor wraps, and that the local backend
-uses directly (SPEC §5): the same lines run in both. It guarantees, per conversation:
+`HostCore` is the plain class the ConversationHost Ray actor (`actors/ray/host.py`) wraps, and that
+the local backend uses directly (docs/design.md#hosting): the same lines run in both. It
+guarantees, per conversation:
 - single writer: one `Conversation` object per activation, commands applied in arrival order;
 - write-ahead: the event log persists through the store before anything is published;
 - idempotency: `user_message`, `steer` and `answer` are keyed by (conversation_id, id), durably;
@@ -23,7 +24,7 @@ import msgspec
 
 from actors.conversation import Conversation, ConversationState, Runtime
 from actors.eventlog import EventLog
-from actors.hosting import Answer, Cancel, Command, SetMode, Steer, UnknownAsk, UserMessage
+from actors.hosting.backend import Answer, Cancel, Command, SetMode, Steer, UnknownAsk, UserMessage
 from actors.profile import AgentProfile
 from actors.recovery import recover
 from actors.store import IDEMPOTENCY_TTL_S, Store
@@ -142,7 +143,7 @@ class HostCore:
         if active is not None:
             return active
         pending = self._activating.get(conversation_id)
-        if pending is not None:  # concurrent first frames: one activation (SPEC §5)
+        if pending is not None:  # concurrent first frames: one activation (docs/design.md#placement)
             return await asyncio.shield(pending)
         future: asyncio.Future[_Active] = asyncio.get_running_loop().create_future()
         self._activating[conversation_id] = future
@@ -184,16 +185,15 @@ class HostCore:
             persist=lambda batch: self.store.append_events(conversation_id, batch),
             clock=self.clock,
         )
-        importer = getattr(self.runtime.tools, "import_conversation", None)
-        if importer is not None and state.tools:
-            importer(conversation_id, state.tools)
+        if state.tools:  # the executor's part of the snapshot (counters, workspace)
+            self.runtime.tools.import_conversation(conversation_id, state.tools)
         conv = Conversation(state, profile, self.runtime, events)
         active = _Active(conv, self.clock())
         events.subscribe(lambda batch: self._publish(conversation_id, batch))
         conv.on_checkpoint = lambda: self._checkpoint(active)
         after = snapshot[0] if snapshot is not None else 0
-        # A crash may have cut a turn after its last checkpoint (SPEC §5 Faults): apply the log's
-        # tail, then resume whatever was running or queued.
+        # A crash may have cut a turn after its last checkpoint (docs/design.md#recovery): apply the
+        # log's tail, then resume whatever was running or queued.
         tail = await self.store.read_events(conversation_id, after, limit=last_seq - after) if last_seq > after else []
         recover(conv, tail)
         return active
@@ -243,9 +243,7 @@ class HostCore:
         if not conv.busy:
             await self._save_now(active)
         await conv.close()
-        forget = getattr(self.runtime.tools, "forget", None)
-        if forget is not None:
-            forget(conversation_id)
+        self.runtime.tools.forget(conversation_id)
         if self._release is not None:
             await self._release(conversation_id)
         return True
@@ -256,7 +254,7 @@ class HostCore:
         while True:
             await asyncio.sleep(interval)
             now = self.clock()
-            if now >= next_prune:  # idempotency keys live ≥ 24 h (SPEC §6), not forever
+            if now >= next_prune:  # idempotency keys live ≥ 24 h (docs/design.md#store), not forever
                 next_prune = now + KEY_PRUNE_INTERVAL_S
                 try:
                     await self.store.prune_keys(now - IDEMPOTENCY_TTL_S)

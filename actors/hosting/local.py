@@ -1,61 +1,25 @@
-"""The `local` backend: conversations hosted in-process by one `HostCore` (SPEC §5 Backends).
+"""The `local` backend: conversations hosted in-process by one `HostCore` (docs/design.md#hosting).
 
 Same conversation logic as the Ray backend — only the hosting shell differs. Ownership is
-checked here, before any conversation is touched: a caller who does not own a conversation gets
-`Forbidden`, whether or not it exists.
+checked first (`Owners`), before any conversation is touched: a caller who does not own a
+conversation gets `Forbidden`, whether or not it exists.
 """
 
 from __future__ import annotations
 
-import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 
 from actors.conversation import Runtime
-from actors.host import HostCore
-from actors.hosting import AckStatus, Command, Forbidden, Opened, Owner, SetMode, UnknownAgent
+from actors.hosting.backend import AckStatus, Command, Opened, Owner, SetMode, UnknownAgent
+from actors.hosting.host import HostCore
+from actors.hosting.owners import Owners
+from actors.hosting.subscription import replay_then_live
 from actors.llm.stream import warm_up
 from actors.profile import AgentProfile
 from actors.store import Store
-from actors.subscription import replay_then_live
 from protocol.events import Event
-
-
-def new_conversation_id() -> str:
-    """Unguessable: 128 random bits (SPEC §6 "server-generated, unguessable id")."""
-    return "c_" + secrets.token_urlsafe(16)
-
-
-class Owners:
-    """Who owns which conversation, read through from the store and cached."""
-
-    def __init__(self, store: Store) -> None:
-        self._store = store
-        self._cache: dict[str, tuple[Owner, str]] = {}
-
-    async def create(self, owner: Owner, agent: str, now: float) -> str:
-        cid = new_conversation_id()
-        await self._store.create_conversation(cid, owner, agent, now)
-        self._cache[cid] = (owner, agent)
-        return cid
-
-    async def agent_of(self, conversation_id: str) -> str | None:
-        found = self._cache.get(conversation_id) or await self._store.conversation_owner(conversation_id)
-        return found[1] if found is not None else None
-
-    async def check(self, owner: Owner, conversation_id: str) -> str:
-        """The conversation's agent, if `owner` owns it; else Forbidden (exists or not)."""
-        found = self._cache.get(conversation_id)
-        if found is None:
-            found = await self._store.conversation_owner(conversation_id)
-            if found is not None:
-                if len(self._cache) > 100_000:
-                    self._cache.clear()
-                self._cache[conversation_id] = found
-        if found is None or found[0] != owner:
-            raise Forbidden(conversation_id)
-        return found[1]
 
 
 class LocalBackend:
@@ -95,7 +59,7 @@ class LocalBackend:
             await self.owners.check(owner, conversation_id)
             # Re-opening (and subscribing: the gateway opens first) re-activates the conversation, so
             # a turn cut by a crash or a drain resumes from the store now, not at the next command
-            # (SPEC §5 Passivation, Faults).
+            # (docs/design.md#passivation, docs/design.md#recovery).
             await self.host.activate(conversation_id)
         if mode is not None:
             await self.host.command(conversation_id, SetMode(id=f"open-{uuid.uuid4().hex}", mode=mode))  # type: ignore[arg-type]

@@ -1,0 +1,13 @@
+"""The Ray shells around the hosting logic (docs/design.md#hosting, #placement, #tool-pool).
+
+- `config.py`: `RayConfig`, everything the cluster needs, built at the edge and passed in;
+- `names.py`: the named actors' namespace and names, and race-free creation;
+- `directory.py`: the Directory actor, a shell around `actors.hosting.placement.PlacementTable`;
+- `host.py`: the ConversationHost actor, a shell around `actors.hosting.host.HostCore`;
+- `tool_pool.py`: the ToolPool actor, a shell around `actors.tools.pool.ToolPool`, and the client
+  hosts run tools through;
+- `backend.py`: `RayBackend`, the gateway as a Ray driver.
+
+The package is `actors.ray`; its modules import Ray as `import ray`, which (absolute imports)
+is always the top-level Ray package, never this one.
+"""

@@ -1,0 +1,43 @@
+"""What the Ray side of reactgate needs, as one typed value built at the edge.
+
+`gateway/app.py` builds a `RayConfig` from the gateway's settings; `RayBackend` receives it and
+hands it to every actor it creates (the Directory passes it on to the hosts it starts), so no
+actor reads its configuration from its own process environment. It is pickled into each actor's
+arguments: the store URL (a PostgreSQL DSN may hold a password) therefore reaches the hosts
+through Ray, visible to whoever can reach the Ray cluster — who could run code there anyway.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from actors.profile import AgentProfile
+from actors.tools.registry import ToolRegistry
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    # What every host and the tool pool build their part of the runtime from.
+    store_url: str = field(repr=False)  # never in a repr: a DSN may carry a password
+    registry: ToolRegistry              # pickles by reference to its tools' module-level handlers
+    profiles: Mapping[str, AgentProfile]
+    scripts: Mapping[str, str] = field(default_factory=dict)  # name → file, played as scripted/<name>
+    idle_ttl_s: float = 600.0
+    tool_max_concurrency_per_conversation: int = 4
+    tool_max_concurrency_global: int = 64
+    # The cluster's shape.
+    hosts: int = 2                      # sharded ConversationHosts (reactgate-host-<i>)
+    host_num_cpus: float = 0.0          # CPUs each host reserves from Ray's scheduler
+    # Joining a cluster, or starting a local one when `address` is None.
+    address: str | None = None          # e.g. ray://head:10001
+    local_cpus: int = 2                 # num_cpus of a Ray started here
+    # Ray starts workers at niceness 15; here the hosts *are* the service, and at 15 they yield to
+    # every other process on a shared node (bench/hosting_bench.py measured it). None: Ray's own.
+    worker_niceness: int | None = 0     # of a Ray started here
+
+    def __post_init__(self) -> None:
+        if self.hosts < 1:
+            raise ValueError(f"hosts must be at least 1, not {self.hosts}")
+        if self.local_cpus < 1:
+            raise ValueError(f"local_cpus must be at least 1, not {self.local_cpus}")

@@ -1,0 +1,194 @@
+"""The ConversationHost actor: a shell around `HostCore` (docs/design.md#hosting).
+
+What the shell adds is what only Ray has: a named process every gateway finds, the claim of each
+activation at the Directory (docs/design.md#placement), and delivery to each gateway in batches —
+one outbox per gateway, drained by that gateway's long poll (docs/design.md#delivery).
+Everything it needs arrives in its `RayConfig`: the store URL, the profiles, the scripts, the tool
+registry; it reads nothing from its process environment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from actors.conversation import Runtime
+from actors.hosting.backend import Command
+from actors.hosting.host import HostCore
+from actors.llm.scripts import register_script
+from actors.llm.stream import stream_model, warm_up
+from actors.ray.config import RayConfig
+from actors.ray.names import DIRECTORY_NAME, NAMESPACE, TOOL_POOL_NAME, is_dedicated
+from actors.ray.tool_pool import ToolPoolClient
+from actors.store import store_from_url
+from protocol.events import Event
+
+GATEWAY_TIMEOUT_S = 60.0     # a gateway that has not polled for this long is presumed gone
+HEARTBEAT_S = 5.0            # re-registration: a restarted Directory starts empty
+
+
+class WrongHost(Exception):
+    """Another live host holds this conversation's activation; route there."""
+
+    def __init__(self, holder: str) -> None:
+        super().__init__(holder)
+        self.holder = holder
+
+
+def register_scripts(config: RayConfig) -> None:
+    """The scripted model's registry is per process: every host registers the cluster's scripts."""
+    for name, path in config.scripts.items():
+        register_script(name, Path(path))
+
+
+@ray.remote(max_restarts=0, max_concurrency=1000)  # type: ignore[call-overload]  # stubs lack actor options
+class ConversationHost:
+    """Hosts many conversations (a HostCore); delivers their events to each gateway in batches."""
+
+    def __init__(self, name: str, config: RayConfig) -> None:
+        self.name = name
+        self.incarnation = uuid.uuid4().hex
+        self.config = config
+        self._core: HostCore | None = None
+        self._starting: asyncio.Lock | None = None
+        self._outboxes: dict[str, list[Event]] = {}
+        self._wakeups: dict[str, asyncio.Event] = {}
+        self._watches: dict[tuple[str, str], Callable[[], None]] = {}  # (gateway, conversation) → unsubscribe
+        self._last_poll: dict[str, float] = {}
+        self._retire = False
+        self._directory = ray.get_actor(DIRECTORY_NAME, namespace=NAMESPACE)
+        self._directory.register_host.remote(name, self.incarnation)
+
+    async def _ready(self) -> HostCore:
+        if self._core is not None:
+            return self._core
+        if self._starting is None:
+            self._starting = asyncio.Lock()
+        async with self._starting:
+            if self._core is None:
+                register_scripts(self.config)
+                store = store_from_url(self.config.store_url)
+                await store.open()
+                await warm_up()
+                pool = ray.get_actor(TOOL_POOL_NAME, namespace=NAMESPACE)
+                runtime = Runtime(registry=self.config.registry, tools=ToolPoolClient(pool), stream_model=stream_model)
+                core = HostCore(
+                    store, runtime, self.config.profiles, idle_ttl_s=self.config.idle_ttl_s,
+                    claim=self._claim, release=self._release,
+                )
+                core.start()
+                asyncio.get_running_loop().create_task(self._heartbeat())
+                self._core = core
+        return self._core
+
+    async def _claim(self, conversation_id: str) -> None:
+        holder = await self._directory.claim.remote(conversation_id, self.name)
+        if holder != self.name:
+            raise WrongHost(holder)
+
+    async def _release(self, conversation_id: str) -> None:
+        await self._directory.release.remote(conversation_id, self.name)
+        if is_dedicated(self.name):
+            self._retire = True  # the heartbeat asks the Directory to end this process, outside any call
+
+    async def _heartbeat(self) -> None:
+        """Re-register (a restarted Directory starts empty) and forget gateways that went away."""
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            if self._retire and self._core is not None and not self._core.active_ids:
+                self._directory.retire.remote(self.name)  # a dedicated host with nothing left to host
+                return
+            with contextlib.suppress(Exception):
+                await self._directory.register_host.remote(self.name, self.incarnation)
+            now = time.monotonic()
+            for gateway, seen in list(self._last_poll.items()):
+                if now - seen > GATEWAY_TIMEOUT_S:
+                    self._drop_gateway(gateway)
+
+    # -- the calls a gateway makes ----------------------------------------------------------------
+
+    def identity(self) -> tuple[str, str]:
+        return self.name, self.incarnation
+
+    async def ready(self) -> str:
+        """Open the store and load LiteLLM now, so no conversation's first turn pays for it."""
+        await self._ready()
+        return self.name
+
+    async def command(self, conversation_id: str, command: Command) -> str:
+        core = await self._ready()
+        return str(await core.command(conversation_id, command))
+
+    async def watch(self, gateway_id: str, conversation_id: str) -> str:
+        """Deliver this conversation's live events to `gateway_id`; activates it (so a conversation
+        whose host died resumes on its new host as soon as a gateway watches it)."""
+        core = await self._ready()
+        key = (gateway_id, conversation_id)
+        self._outboxes.setdefault(gateway_id, [])
+        self._wakeups.setdefault(gateway_id, asyncio.Event())
+        self._last_poll.setdefault(gateway_id, time.monotonic())
+        if key not in self._watches:
+            def deliver(batch: Sequence[Event], gateway: str = gateway_id) -> None:
+                box = self._outboxes.get(gateway)
+                if box is not None:
+                    box.extend(batch)
+                    self._wakeups[gateway].set()
+            self._watches[key] = core.listen(conversation_id, deliver)
+        await core.activate(conversation_id)
+        return self.incarnation
+
+    async def activate(self, conversation_id: str) -> int:
+        core = await self._ready()
+        return int(await core.activate(conversation_id))
+
+    async def unwatch(self, gateway_id: str, conversation_id: str) -> None:
+        unsubscribe = self._watches.pop((gateway_id, conversation_id), None)
+        if unsubscribe is not None:
+            unsubscribe()
+
+    async def poll(self, gateway_id: str, timeout_s: float = 1.0) -> list[Event]:
+        """One batch of everything pending for a gateway: one call per batch, never per delta."""
+        self._last_poll[gateway_id] = time.monotonic()
+        wake = self._wakeups.setdefault(gateway_id, asyncio.Event())
+        box = self._outboxes.setdefault(gateway_id, [])
+        if not box:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), timeout_s)
+        wake.clear()
+        batch, self._outboxes[gateway_id] = self._outboxes.get(gateway_id, []), []
+        return batch
+
+    async def idle(self, conversation_id: str) -> None:
+        core = await self._ready()
+        await core.idle(conversation_id)
+
+    async def passivate(self, conversation_id: str) -> bool:
+        core = await self._ready()
+        return bool(await core.passivate(conversation_id))
+
+    async def inspect(self, conversation_id: str) -> dict[str, Any]:
+        core = await self._ready()
+        return dict(await core.inspect(conversation_id))
+
+    async def stats(self) -> dict[str, Any]:
+        core = await self._ready()
+        return {"name": self.name, "pid": os.getpid(), **core.describe(), "active_ids": core.active_ids}
+
+    async def shutdown(self) -> None:
+        if self._core is not None:
+            await self._core.close()
+
+    def _drop_gateway(self, gateway_id: str) -> None:
+        for key in [k for k in self._watches if k[0] == gateway_id]:
+            self._watches.pop(key)()
+        self._outboxes.pop(gateway_id, None)
+        self._wakeups.pop(gateway_id, None)
+        self._last_poll.pop(gateway_id, None)

@@ -1,0 +1,135 @@
+"""The tool pool: one tool executor shared by every host of a cluster (docs/design.md#tool-pool).
+
+The plain class the ToolPool Ray actor (`actors/ray/tool_pool.py`) wraps; tests construct it
+without Ray. It runs batches through `LocalToolExecutor` behind `DurableTools` (a call whose
+result is durable is never executed again) and adds what a pool shared by many hosts, and
+restarted on its own, needs:
+- each conversation's exploration counter and workspace are durable in the store (saved after
+  every batch and every reset, loaded on first use), so a restarted pool resumes them — they do
+  not travel in the conversation's snapshot as they do with the local backend;
+- a batch re-submitted after its host crashed joins the calls of that batch still in flight here,
+  so each call runs once, and both callers get the same observation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from actors.catalog import Catalog, Observation, ToolCall
+from actors.store import Store
+from actors.tools.durable import DurableTools
+from actors.tools.executor import LocalToolExecutor
+from actors.tools.registry import Clock, ToolRegistry
+
+STATE_KEY_PREFIX = "toolpool/"  # the pool's snapshots share the store with conversations' snapshots
+
+
+def state_key(conversation_id: str) -> str:
+    return f"{STATE_KEY_PREFIX}{conversation_id}"
+
+
+class ToolPool:
+    def __init__(
+        self,
+        store: Store,
+        registry: ToolRegistry,
+        *,
+        max_concurrency_per_conversation: int = 4,
+        max_concurrency_global: int = 64,
+        clock: Clock | None = None,
+    ) -> None:
+        self._store = store
+        self._executor = LocalToolExecutor(
+            registry,
+            max_concurrency_per_conversation=max_concurrency_per_conversation,
+            max_concurrency_global=max_concurrency_global,
+            clock=clock,
+        )
+        self._durable = DurableTools(self._executor, store)
+        self._loading: dict[str, asyncio.Future[None]] = {}   # one load per conversation, shared
+        self._versions: dict[str, int] = {}
+        self._inflight: dict[tuple[str, str], asyncio.Future[Observation]] = {}
+        self._joined = 0  # calls answered by a run already in flight, not run again
+
+    # -- durable counters ------------------------------------------------------------------------
+
+    async def _load(self, conversation_id: str) -> None:
+        """Counters are durable: a new pool over the same store picks them up where they were
+        (docs/design.md#exploration-budget). Concurrent first batches share one load, so a late
+        load never overwrites a counter an earlier batch already moved."""
+        loading = self._loading.get(conversation_id)
+        if loading is not None:
+            return await asyncio.shield(loading)
+        loading = self._loading[conversation_id] = asyncio.get_running_loop().create_future()
+        try:
+            snap = await self._store.load_snapshot(state_key(conversation_id))
+            if snap is not None:
+                self._versions[conversation_id] = snap[0]
+                self._executor.import_conversation(conversation_id, json.loads(snap[1]))
+        except BaseException as exc:
+            del self._loading[conversation_id]  # the next batch tries again
+            loading.set_exception(exc if isinstance(exc, Exception) else RuntimeError("load cancelled"))
+            loading.exception()  # retrieved: waiters re-raise it
+            raise
+        loading.set_result(None)
+
+    async def _save(self, conversation_id: str) -> None:
+        version = self._versions.get(conversation_id, 0) + 1
+        self._versions[conversation_id] = version
+        data = json.dumps(self._executor.export_conversation(conversation_id)).encode()
+        await self._store.save_snapshot(state_key(conversation_id), version, data)
+
+    # -- what hosts call -------------------------------------------------------------------------
+
+    async def execute_batch(
+        self, conversation_id: str, turn_id: str, calls: Sequence[ToolCall], *,
+        exploration_cap: int, timeout_s: float, catalog: Catalog | None = None,
+    ) -> list[Observation]:
+        await self._load(conversation_id)
+        # A batch re-submitted after a host crash joins the calls still in flight here.
+        joined = {c.call_id: self._inflight[(conversation_id, c.call_id)]
+                  for c in calls if (conversation_id, c.call_id) in self._inflight}
+        fresh = [c for c in calls if c.call_id not in joined]
+        self._joined += len(joined)
+        loop = asyncio.get_running_loop()
+        mine: dict[str, asyncio.Future[Observation]] = {c.call_id: loop.create_future() for c in fresh}
+        for call_id, fut in mine.items():
+            self._inflight[(conversation_id, call_id)] = fut
+        try:
+            if fresh:
+                results = await self._durable.execute_batch(
+                    conversation_id, turn_id, fresh, exploration_cap=exploration_cap,
+                    timeout_s=timeout_s, catalog=catalog,
+                )
+                await self._save(conversation_id)
+                for obs in results:
+                    mine[obs.call_id].set_result(obs)
+            out = {cid: await asyncio.shield(f) for cid, f in {**joined, **mine}.items()}
+            return [out[c.call_id] for c in calls]
+        except BaseException as exc:
+            for fut in mine.values():
+                if not fut.done():
+                    fut.set_exception(exc if isinstance(exc, Exception) else RuntimeError("cancelled"))
+                    fut.exception()
+            raise
+        finally:
+            for call_id in mine:
+                self._inflight.pop((conversation_id, call_id), None)
+
+    async def reset_exploration(self, conversation_id: str) -> None:
+        await self._load(conversation_id)
+        await self._executor.reset_exploration(conversation_id)
+        await self._save(conversation_id)
+
+    async def workspace(self, conversation_id: str) -> dict[str, Any]:
+        """The conversation's counter and workspace as the pool holds them (for operators and tests)."""
+        await self._load(conversation_id)
+        return self._executor.export_conversation(conversation_id)
+
+    def stats(self) -> dict[str, Any]:
+        """Calls actually executed per conversation (never those answered from the store), calls
+        that joined a run in flight, and how many calls are running now."""
+        return {"executed": dict(self._durable.executed), "joined": self._joined, "inflight": len(self._inflight)}
