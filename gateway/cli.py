@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
                       help="exit 2 after S seconds without a connection (default 120)")
 
     mock = sub.add_parser("mock-llm", help="serve a script as an OpenAI-compatible SSE endpoint")
-    mock.add_argument("--script", required=True, help="script JSON file (SPEC §7)")
+    mock.add_argument("--script", required=True, help="script JSON file (docs/design.md#scripted-model)")
     mock.add_argument("--host", default="127.0.0.1")
     mock.add_argument("--port", type=int, default=8766)
 
@@ -72,10 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         return _serve(args)
     if args.command == "chat":
-        from gateway.chat import run_chat
+        from client.chat import run_chat
 
         return run_chat(
-            args.url, token=args.token, conversation_id=args.conversation, message=args.message,
+            args.url, token=_token(args), conversation_id=args.conversation, message=args.message,
             agent=args.agent, mode=args.mode, give_up_after_s=args.give_up_after,
         )
     if args.command == "loadtest":
@@ -88,17 +88,36 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
+def _token(args: argparse.Namespace) -> str | None:
+    """--token, else REACTGATE_TOKEN: read here, at the edge, never inside the client library."""
+    return args.token or os.environ.get("REACTGATE_TOKEN") or None
+
+
 def _loadtest(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from gateway.loadtest import DEFAULT_MESSAGE, LoadConfig, run_loadtest
+    from client.loadtest.command import EXIT_USAGE, run_loadtest
+    from client.loadtest.runner import LoadConfig, ScriptInfo
+    from client.loadtest.user import DEFAULT_MESSAGE
 
-    return run_loadtest(LoadConfig(
+    config = LoadConfig(
         url=args.url, conversations=args.conversations, duration_s=args.duration,
-        reconnect_rate=args.reconnect_rate, drain_timeout_s=args.drain_timeout, token=args.token,
-        message=args.message or DEFAULT_MESSAGE, script=Path(args.script) if args.script else None,
-        report=Path(args.report) if args.report else None, seed=args.seed,
-    ))
+        reconnect_rate=args.reconnect_rate, drain_timeout_s=args.drain_timeout, token=_token(args),
+        message=args.message or DEFAULT_MESSAGE, report=Path(args.report) if args.report else None, seed=args.seed,
+    )
+    script_info = None
+    if args.script:
+        # The runner reports the script the server plays but never imports the runtime: read it here.
+        from actors.llm.scripts import load_script
+
+        try:
+            config.check()  # a bad URL is reported before any file is read
+            script = load_script(Path(args.script))  # raises ScriptError naming the file and the field
+        except ValueError as exc:
+            print(f"reactgate loadtest: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        script_info = ScriptInfo(args.script, len(script.rounds), script.loop, tuple(len(r.chunks) for r in script.rounds))
+    return run_loadtest(config, script_info)
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -1,405 +1,491 @@
-"""`reactgate chat` (SPEC §9): the sans-I/O client core, then the real CLI against a real gateway.
+"""`reactgate chat` (README.md#configuration): the chat on the client session, then the real CLI
+against a real gateway.
 
-The core (`ChatProtocol`, `Transcript`, `Backoff`) is fed JSON frames and typed lines; the
-end-to-end tests run the console script as a subprocess against an in-process `GatewayServer`
-on the local backend, and drop its connection mid-turn with a drain (close 1012).
+The core (`Chat`, `Transcript`, `Backoff`) is fed typed frames and typed lines, with the session's
+frames collected as the connection would send them; the end-to-end tests run the console script as
+a subprocess against an in-process `GatewayServer` on the local backend, and drop its connection
+mid-turn with a drain (close 1012).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import random
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import jwt
-import msgspec
 import pytest
 
-from actors.hosting import Backend
+from actors.hosting.backend import Backend
+from client.chat import Chat, Info, Problem, Status, Step, Transcript, render_all
+from client.connection import Backoff, ConnectionLost
+from client.session import ClientSession, Send
 from gateway.app import build_backend
-from gateway.chat import (
+from gateway.server import GatewayServer
+from gateway.settings import Settings
+from protocol.events import (
+    NOTHING_STREAMED,
+    AcceptedAction,
     AnswerDelta,
     AskUser,
-    Backoff,
-    ChatProtocol,
-    ErrorItem,
+    EndReason,
+    Event,
+    EventData,
     Fallback,
-    Info,
-    NoticeItem,
-    Status,
-    Step,
+    IllegalFinish,
+    Lane,
+    RoundCompleted,
+    Salvaged,
+    StreamedState,
     ThinkingDelta,
-    ToolCall,
+    ToolCalled,
     ToolResult,
-    Trace,
-    Transcript,
     TurnCompleted,
     TurnStarted,
     UiCommand,
-    render_all,
 )
-from gateway.server import GatewayServer
-from gateway.settings import Settings
 from protocol.frames import (
+    Ack,
     AnswerFrame,
     CancelFrame,
+    ClientFrame,
+    ErrorCode,
+    ErrorFrame,
+    Mode,
     Open,
     SetModeFrame,
     SteerFrame,
     Subscribe,
     UserMessageFrame,
+    encode_event,
+    encode_frame,
 )
+from protocol.notices import Notice, NoticeCode
 
 CID = "c_test"
 REPO = Path(__file__).resolve().parents[1]
 DEMO_ANSWER = "It is raining in Paris, 12 °C. Take an umbrella, and a light jacket would not hurt at that temperature."
 
 
-def ids() -> Any:
+def ids() -> Callable[[], str]:
     counter = iter(range(1, 10_000))
     return lambda: f"id{next(counter)}"
 
 
-def event(seq: int, name: str, **data: Any) -> str:
-    return json.dumps({"type": "event", "conversation_id": CID, "seq": seq, "event": name, "data": data, "ts": 0.0})
+def event(seq: int, data: EventData | dict[str, Any], name: str | None = None) -> bytes:
+    if isinstance(data, dict):  # a kind this version does not know
+        assert name is not None
+        return encode_event(Event(conversation_id=CID, seq=seq, event=name, data=data, ts=0.0))
+    return encode_event(Event.of(CID, seq, data, 0.0))
 
 
-def ack(frame_id: str, **fields: Any) -> str:
-    return json.dumps({"type": "ack", "id": frame_id, "status": fields.pop("status", "accepted"), **fields})
+def ack(frame_id: str, **fields: Any) -> bytes:
+    return encode_frame(Ack(id=frame_id, status=fields.pop("status", "accepted"), **fields))
 
 
-def error(code: str, message: str = "no", **fields: Any) -> str:
-    return json.dumps({"type": "error", "code": code, "message": message, **fields})
+def error(code: ErrorCode, message: str = "no", **fields: Any) -> bytes:
+    return encode_frame(ErrorFrame(code=code, message=message, **fields))
 
 
-def ready_protocol(conversation_id: str | None = None, **kwargs: Any) -> tuple[ChatProtocol, Step]:
-    """A protocol whose first connection was opened and acked; returns the ack's Step."""
-    proto = ChatProtocol(conversation_id, new_id=ids(), **kwargs)
-    (open_frame,) = proto.connected().sends
-    assert isinstance(open_frame, Open)
-    return proto, proto.receive(ack(open_frame.id, conversation_id=CID, last_seq=0))
+def shown(data: EventData, seq: int = 1) -> Event:
+    return Event.of(CID, seq, data, 0.0)
 
 
-def feed(proto: ChatProtocol, *frames: str) -> Step:
+def round_completed(notices: list[Notice] | None = None, turn_id: str = "t1") -> RoundCompleted:
+    return RoundCompleted(turn_id=turn_id, round=1, streamed_state=NOTHING_STREAMED, accepted=[], denied=[],
+                          notices=notices or [])
+
+
+def completed(turn_id: str = "t1", reason: EndReason = EndReason.COMPLETE, final_answer: str = "", *,
+              used_tools: bool = True, finish_ok: bool = True) -> TurnCompleted:
+    return TurnCompleted(turn_id=turn_id, reason=reason, final_answer=final_answer, used_tools=used_tools,
+                         finish_ok=finish_ok)
+
+
+# -- playing the connection's part: the session's frames are collected, the rest goes to the chat
+
+
+def pump(chat: Chat) -> tuple[list[ClientFrame], Step]:
+    sends: list[ClientFrame] = []
     step = Step()
+    for output in chat.session.outputs():
+        if isinstance(output, Send):
+            sends.append(output.frame)
+        else:
+            step.extend(chat.on_output(output))
+    return sends, step
+
+
+def receive(chat: Chat, *frames: bytes) -> tuple[list[ClientFrame], Step]:
     for frame in frames:
-        step.extend(proto.receive(frame))
-    return step
+        chat.session.receive(frame)
+    return pump(chat)
 
 
-DEMO_TURN = [
-    event(1, "turn.started", turn_id="t1", user_message_id="m1"),
-    event(2, "thinking.delta", turn_id="t1", round=1, text="Checking "),
-    event(3, "thinking.delta", turn_id="t1", round=1, text="Paris."),
-    event(4, "tool.call", turn_id="t1", round=1, call_id="t1.1.0", tool_id="demo.weather",
-          params={"city": "Paris"}, trait="exploration"),
-    event(5, "round.completed", turn_id="t1", round=1, streamed_state={}, accepted=[], denied=[], notices=[]),
-    event(6, "tool.result", turn_id="t1", call_id="t1.1.0", tool_id="demo.weather", ok=True,
-          result={"temp_c": 12}, duration_ms=3),
-    event(7, "answer.delta", turn_id="t1", round=2, text="It is "),
-    event(8, "answer.delta", turn_id="t1", round=2, text="raining."),
-    event(9, "turn.completed", turn_id="t1", reason="complete", final_answer="It is raining.",
-          used_tools=True, finish_ok=True),
+def typed(chat: Chat, line: str) -> tuple[list[ClientFrame], Step]:
+    step = chat.user_input(line)
+    sends, more = pump(chat)
+    return sends, step.extend(more)
+
+
+def connect(chat: Chat) -> Open:
+    chat.session.connected()
+    (frame,), _ = pump(chat)
+    assert isinstance(frame, Open)
+    return frame
+
+
+def new_chat(conversation_id: str | None = None, **kwargs: Any) -> Chat:
+    return Chat(ClientSession(conversation_id, new_id=ids(), **kwargs))
+
+
+def ready_chat(conversation_id: str | None = None, **kwargs: Any) -> tuple[Chat, Step]:
+    """A chat whose first connection was opened and acked; returns the ack's Step."""
+    chat = new_chat(conversation_id, **kwargs)
+    open_frame = connect(chat)
+    _, step = receive(chat, ack(open_frame.id, conversation_id=CID, last_seq=0))
+    return chat, step
+
+
+DEMO_DATA: list[EventData] = [
+    TurnStarted(turn_id="t1", user_message_id="m1"),
+    ThinkingDelta(turn_id="t1", round=1, text="Checking "),
+    ThinkingDelta(turn_id="t1", round=1, text="Paris."),
+    ToolCalled(turn_id="t1", round=1, call_id="t1.1.0", tool_id="demo.weather", params={"city": "Paris"},
+               trait="exploration"),
+    RoundCompleted(turn_id="t1", round=1,
+                   streamed_state=StreamedState(answer_streamed=False, answer_text="",
+                                                lanes=[Lane(index=0, lane="tool", status="allowed", emitted_chars=0)]),
+                   accepted=[AcceptedAction(index=0, action="call_tool", tool_id="demo.weather")], denied=[],
+                   notices=[]),
+    ToolResult(turn_id="t1", call_id="t1.1.0", tool_id="demo.weather", ok=True, duration_ms=3,
+               result={"temp_c": 12}),
+    AnswerDelta(turn_id="t1", round=2, text="It is "),
+    AnswerDelta(turn_id="t1", round=2, text="raining."),
+    completed(final_answer="It is raining."),
 ]
+DEMO_TURN = [event(seq, data) for seq, data in enumerate(DEMO_DATA, 1)]
+
+
+def events_of(step: Step) -> list[Event]:
+    return [item for item in step.shown if isinstance(item, Event)]
 
 
 # -- opening, subscribing, sending ---------------------------------------------------------------
 
 
 def test_a_new_connection_opens_and_subscribes_only_after_the_open_ack() -> None:
-    proto = ChatProtocol(new_id=ids())
-    (frame,) = proto.connected().sends
-    assert frame == Open(id="id1")
-    step = proto.receive(ack("id1", conversation_id=CID, last_seq=0))
-    assert proto.conversation_id == CID and proto.ready
-    assert step.sends == [Subscribe(id="id2", conversation_id=CID, after_seq=0)]
-    assert Info(f"conversation {CID}") in step.renders
+    chat = new_chat()
+    assert connect(chat) == Open(id="id1")
+    sends, step = receive(chat, ack("id1", conversation_id=CID, last_seq=0))
+    assert chat.session.conversation_id == CID and chat.session.ready
+    assert sends == [Subscribe(id="id2", conversation_id=CID, after_seq=0)]
+    assert Info(f"conversation {CID}") in step.shown
+    assert render_all(step.shown) == f"conversation {CID}\n"
 
 
 def test_reopening_a_named_conversation_replays_it_from_the_start() -> None:
-    proto = ChatProtocol(CID, new_id=ids())
-    (frame,) = proto.connected().sends
-    assert frame == Open(id="id1", conversation_id=CID)
-    step = proto.receive(ack("id1", conversation_id=CID, last_seq=40))
-    assert step.sends == [Subscribe(id="id2", conversation_id=CID, after_seq=0)]
+    chat = new_chat(CID)
+    assert connect(chat) == Open(id="id1", conversation_id=CID)
+    sends, _ = receive(chat, ack("id1", conversation_id=CID, last_seq=40))
+    assert sends == [Subscribe(id="id2", conversation_id=CID, after_seq=0)]
 
 
 def test_agent_and_mode_are_sent_only_with_the_first_open() -> None:
-    proto = ChatProtocol(new_id=ids(), agent="demo", mode="ask")
-    assert proto.connected().sends == [Open(id="id1", agent="demo", mode="ask")]
-    proto.receive(ack("id1", conversation_id=CID, last_seq=0))
-    proto.disconnected()
+    chat = new_chat(agent="demo", mode="ask")
+    assert connect(chat) == Open(id="id1", agent="demo", mode=Mode.ASK)
+    receive(chat, ack("id1", conversation_id=CID, last_seq=0))
+    chat.session.disconnected()
     # The mode is sticky on the server and may have changed since: a re-open never resets it.
-    assert proto.connected().sends == [Open(id="id3", conversation_id=CID)]
+    assert connect(chat) == Open(id="id3", conversation_id=CID)
 
 
 def test_a_message_typed_before_the_open_ack_is_sent_right_after_it() -> None:
-    proto = ChatProtocol(new_id=ids())
-    proto.connected()
-    assert proto.user_input("hello\n").sends == []
-    step = proto.receive(ack("id1", conversation_id=CID, last_seq=0))
-    assert step.sends == [
+    chat = new_chat()
+    connect(chat)
+    assert typed(chat, "hello\n")[0] == []
+    sends, _ = receive(chat, ack("id1", conversation_id=CID, last_seq=0))
+    assert sends == [
         Subscribe(id="id3", conversation_id=CID, after_seq=0),
         UserMessageFrame(id="id2", conversation_id=CID, text="hello"),
     ]
 
 
 def test_every_command_gets_a_unique_id() -> None:
-    proto, _ = ready_protocol()
-    frames = [proto.user_input(text).sends[0] for text in ("a", "b", "/steer c", "/mode ask", "/cancel")]
-    assert len({f.id for f in frames}) == len(frames)  # type: ignore[attr-defined]
+    chat, _ = ready_chat()
+    frames = [typed(chat, text)[0][0] for text in ("a", "b", "/steer c", "/mode ask", "/cancel")]
+    assert len({f.id for f in frames}) == len(frames)
 
 
 def test_default_ids_are_uuid_hex() -> None:
-    proto = ChatProtocol()
-    (frame,) = proto.connected().sends
-    assert len(frame.id) == 32 and int(frame.id, 16) >= 0  # type: ignore[attr-defined]
+    chat = Chat(ClientSession())
+    frame = connect(chat)
+    assert len(frame.id) == 32 and int(frame.id, 16) >= 0
 
 
 # -- seq tracking: no gap, no duplicate ---------------------------------------------------------
 
 
 def test_events_render_in_seq_order_and_repeats_are_dropped() -> None:
-    proto, _ = ready_protocol()
-    first = feed(proto, *DEMO_TURN[:5])
-    replay = feed(proto, *DEMO_TURN[:5])  # a restarted subscription replays what we saw
-    assert len(first.renders) == 4 and replay.renders == []
-    assert proto.duplicates_dropped == 5
-    assert proto.last_seq == 5
+    chat, _ = ready_chat()
+    _, first = receive(chat, *DEMO_TURN[:5])
+    _, replay = receive(chat, *DEMO_TURN[:5])  # a restarted subscription replays what we saw
+    assert [e.seq for e in events_of(first)] == [1, 2, 3, 4, 5] and replay.shown == []
+    assert chat.session.duplicates_dropped == 5
+    assert chat.session.last_seq == 5
 
 
 def test_a_gap_is_never_rendered_and_resubscribes_once_from_the_last_seen_seq() -> None:
-    proto, _ = ready_protocol()
-    feed(proto, DEMO_TURN[0])
-    proto.receive(ack("id2"))  # the first subscription is acked
-    step = feed(proto, DEMO_TURN[2], DEMO_TURN[3])  # seq 2 went missing
-    assert step.renders == [Status("gap after seq 1 (got 3): re-subscribing")]
-    assert step.sends == [Subscribe(id="id3", conversation_id=CID, after_seq=1)]
-    assert proto.last_seq == 1
-    step = feed(proto, ack("id3"), *DEMO_TURN[1:5])
-    assert [type(r) for r in step.renders] == [ThinkingDelta, ThinkingDelta, ToolCall]
-    assert proto.last_seq == 5
+    chat, _ = ready_chat()
+    receive(chat, DEMO_TURN[0])
+    receive(chat, ack("id2"))  # the first subscription is acked
+    sends, step = receive(chat, DEMO_TURN[2], DEMO_TURN[3])  # seq 2 went missing
+    assert step.shown == [Status("gap after seq 1 (got 3): re-subscribing")]
+    assert sends == [Subscribe(id="id3", conversation_id=CID, after_seq=1)]
+    assert chat.session.last_seq == 1
+    _, step = receive(chat, ack("id3"), *DEMO_TURN[1:5])
+    assert [type(e.data) for e in events_of(step)] == [ThinkingDelta, ThinkingDelta, ToolCalled, RoundCompleted]
+    assert chat.session.last_seq == 5
 
 
 def test_events_of_another_conversation_are_ignored() -> None:
-    proto, _ = ready_protocol()
-    other = json.loads(DEMO_TURN[0]) | {"conversation_id": "c_other"}
-    assert proto.receive(json.dumps(other)).renders == []
-    assert proto.last_seq == 0
+    chat, _ = ready_chat()
+    other = encode_event(Event.of("c_other", 1, DEMO_DATA[0], 0.0))
+    assert receive(chat, other)[1].shown == []
+    assert chat.session.last_seq == 0
 
 
 def test_slow_consumer_resubscribes_after_the_last_rendered_seq() -> None:
-    proto, _ = ready_protocol()
-    feed(proto, *DEMO_TURN[:3])
-    step = proto.receive(error("slow_consumer", "paused", conversation_id=CID, last_seq=2))
-    assert step.sends == [Subscribe(id="id3", conversation_id=CID, after_seq=3)]
+    chat, _ = ready_chat()
+    receive(chat, *DEMO_TURN[:3])
+    sends, step = receive(chat, error(ErrorCode.SLOW_CONSUMER, "paused", conversation_id=CID, last_seq=2))
+    assert sends == [Subscribe(id="id3", conversation_id=CID, after_seq=3)]
+    assert step.shown == [Status("slow consumer: resuming after seq 3")]
 
 
 # -- reconnect and resume ------------------------------------------------------------------------
 
 
 def test_reconnect_reopens_the_same_conversation_and_subscribes_after_the_last_seq() -> None:
-    proto, _ = ready_protocol()
-    feed(proto, *DEMO_TURN[:6])
-    proto.disconnected()
-    assert not proto.ready
-    (frame,) = proto.connected().sends
-    assert frame == Open(id="id3", conversation_id=CID)
-    step = proto.receive(ack("id3", conversation_id=CID, last_seq=9))
-    assert step.sends == [Subscribe(id="id4", conversation_id=CID, after_seq=6)]
-    assert Status("reconnected: resuming after seq 6") in step.renders
-    rest = feed(proto, *DEMO_TURN)  # the server replays from 7; anything older is dropped
-    assert [type(r) for r in rest.renders] == [AnswerDelta, AnswerDelta, TurnCompleted]
+    chat, _ = ready_chat()
+    receive(chat, *DEMO_TURN[:6])
+    chat.session.disconnected()
+    assert not chat.session.ready
+    assert connect(chat) == Open(id="id3", conversation_id=CID)
+    sends, step = receive(chat, ack("id3", conversation_id=CID, last_seq=9))
+    assert sends == [Subscribe(id="id4", conversation_id=CID, after_seq=6)]
+    assert Status("reconnected: resuming after seq 6") in step.shown
+    _, rest = receive(chat, *DEMO_TURN)  # the server replays from 7; anything older is dropped
+    assert [type(e.data) for e in events_of(rest)] == [AnswerDelta, AnswerDelta, TurnCompleted]
 
 
 def test_an_unacked_message_is_resent_with_the_same_id_after_a_reconnect() -> None:
-    proto, _ = ready_protocol()
-    (sent,) = proto.user_input("weather?").sends
-    proto.disconnected()
-    proto.connected()
-    step = proto.receive(ack("id4", conversation_id=CID, last_seq=0))
-    assert sent in step.sends  # same id: the server acks the repeat `duplicate` and does nothing
-    proto.receive(ack(sent.id, status="duplicate"))  # type: ignore[attr-defined]
-    proto.disconnected()
-    proto.connected()
-    assert all(not isinstance(f, UserMessageFrame) for f in proto.receive(ack("id6", conversation_id=CID)).sends)
+    chat, _ = ready_chat()
+    (sent,), _ = typed(chat, "weather?")
+    chat.session.disconnected()
+    connect(chat)
+    sends, _ = receive(chat, ack("id4", conversation_id=CID, last_seq=0))
+    assert sent in sends  # same id: the server acks the repeat `duplicate` and does nothing
+    receive(chat, ack(sent.id, status="duplicate"))
+    chat.session.disconnected()
+    connect(chat)
+    assert all(not isinstance(f, UserMessageFrame) for f in receive(chat, ack("id6", conversation_id=CID))[0])
 
 
 def test_an_unacked_cancel_is_not_resent_because_it_is_not_idempotent() -> None:
-    proto, _ = ready_protocol()
-    proto.user_input("/cancel")
-    step = proto.disconnected()
-    assert step.renders == [Status("cancel may not have reached the server: send it again")]
-    proto.connected()
-    assert all(not isinstance(f, CancelFrame) for f in proto.receive(ack("id4", conversation_id=CID)).sends)
+    chat, _ = ready_chat()
+    typed(chat, "/cancel")
+    chat.session.disconnected()
+    _, step = pump(chat)
+    assert step.shown == [Status("cancel may not have reached the server: send it again")]
+    connect(chat)
+    assert all(not isinstance(f, CancelFrame) for f in receive(chat, ack("id4", conversation_id=CID))[0])
 
 
 def test_an_error_for_a_command_drops_it_from_the_resend_list() -> None:
-    proto, _ = ready_protocol()
-    (sent,) = proto.user_input("x").sends
-    step = proto.receive(error("rate_limited", "slow down", id=sent.id))  # type: ignore[attr-defined]
-    assert step.renders == [ErrorItem("rate_limited", "slow down")]
-    assert proto.pending == {}
+    chat, _ = ready_chat()
+    receive(chat, ask_event())
+    (sent,), _ = typed(chat, "Paris")
+    _, step = receive(chat, error(ErrorCode.NOT_FOUND, "no question is waiting", id=sent.id))
+    assert step.shown == [Problem("not_found", "no question is waiting")]
+    assert chat.session.pending_ids == ()
+
+
+def test_a_rate_limited_command_stays_pending_and_is_sent_again_with_its_id() -> None:
+    chat, _ = ready_chat()
+    (sent,), _ = typed(chat, "x")
+    _, step = receive(chat, error(ErrorCode.RATE_LIMITED, "slow down", id=sent.id))
+    assert step.shown == [Status("user_message not processed (rate_limited): sending it again shortly")]
+    assert chat.session.pending_ids == (sent.id,)
+    chat.session.retry(sent.id)  # what the connection does after its pause
+    assert pump(chat)[0] == [sent]
 
 
 def test_open_refused_is_fatal() -> None:
-    proto = ChatProtocol(CID, new_id=ids())
-    proto.connected()
-    assert proto.receive(error("forbidden", "forbidden: no such conversation", id="id1")).fatal
+    chat = new_chat(CID)
+    connect(chat)
+    assert receive(chat, error(ErrorCode.FORBIDDEN, "forbidden: no such conversation", id="id1"))[1].fatal
 
 
-# -- the render model ----------------------------------------------------------------------------
+def test_connection_status_goes_to_stderr_not_the_transcript() -> None:
+    chat, _ = ready_chat()
+    step = chat.on_output(ConnectionLost("connection lost (1012 server draining)", 0.25))
+    assert step.shown == [Status("connection lost (1012 server draining); reconnecting in 0.25 s")]
+    assert render_all(step.shown) == ""
 
 
-def test_events_become_render_items() -> None:
-    proto, _ = ready_protocol()
-    step = feed(proto, *DEMO_TURN)
-    assert step.renders == [
-        TurnStarted("t1", "m1"),
-        ThinkingDelta("t1", 1, "Checking "),
-        ThinkingDelta("t1", 1, "Paris."),
-        ToolCall("t1.1.0", "demo.weather", {"city": "Paris"}, "exploration"),
-        ToolResult("t1.1.0", "demo.weather", True, {"temp_c": 12}, None, 3),
-        AnswerDelta("t1", "It is "),
-        AnswerDelta("t1", "raining."),
-        TurnCompleted("t1", "complete", True, True),
-    ]
+# -- what events show ----------------------------------------------------------------------------
+
+
+def test_events_are_shown_as_their_typed_payloads() -> None:
+    chat, _ = ready_chat()
+    _, step = receive(chat, *DEMO_TURN)
+    assert [e.data for e in events_of(step)] == DEMO_DATA
 
 
 def test_notices_ui_commands_fallbacks_and_traces_are_rendered() -> None:
-    proto, _ = ready_protocol()
-    notice = {"code": "finish.illegal", "message": "observe first", "index": 0, "violations": ["no observation"]}
-    step = feed(
-        proto,
-        event(1, "fallback", **{"from": "a", "to": "b", "error": "rate_limit"}),
-        event(2, "round.completed", turn_id="t1", round=1, notices=[notice]),
-        event(3, "ui_command", turn_id="t1", command="open_tab", args={"name": "x"}),
-        event(4, "trace", kind="salvaged", turn_id="t1"),
-        event(5, "trace", kind="illegal_finish", turn_id="t1", events=[]),
+    chat, _ = ready_chat()
+    notice = Notice(code=NoticeCode.FINISH_ILLEGAL, message="observe first", index=0, violations=("no observation",))
+    _, step = receive(
+        chat,
+        event(1, Fallback(from_model="a", to_model="b", error="rate_limit")),
+        event(2, round_completed([notice])),
+        event(3, UiCommand(turn_id="t1", command="open_tab", args={"name": "x"})),
+        event(4, Salvaged(turn_id="t1", round=2, answer_chars=5)),
+        event(5, IllegalFinish(turn_id="t1", round=1, events=[])),
     )
-    assert step.renders == [
-        Fallback("a", "b", "rate_limit"),
-        NoticeItem("finish.illegal", "observe first", None, ("no observation",)),
-        UiCommand("open_tab", {"name": "x"}),
-        Trace("salvaged"),
-    ]
+    assert len(events_of(step)) == 5
+    assert render_all(step.shown) == (
+        "⇄ fallback a → b (rate_limit)\n"
+        "notice finish.illegal: observe first (no observation)\n"
+        '⇢ ui open_tab {"name":"x"}\n'
+        "trace salvaged\n"
+    )
+
+
+def test_an_event_of_a_kind_this_version_does_not_know_is_shown_as_plain_data() -> None:
+    chat, _ = ready_chat()
+    _, step = receive(chat, event(1, {"turn_id": "t1", "level": 3}, name="budget.warning"))
+    assert chat.session.last_seq == 1
+    assert render_all(step.shown) == 'budget.warning {"turn_id":"t1","level":3}\n'
 
 
 def test_a_final_answer_that_never_streamed_is_shown_once() -> None:
-    proto, _ = ready_protocol()
-    step = feed(
-        proto,
-        event(1, "turn.started", turn_id="t1", user_message_id="m"),
-        event(2, "turn.completed", turn_id="t1", reason="protocol_violation", final_answer="Sorry.",
-              used_tools=False, finish_ok=False),
+    chat, _ = ready_chat()
+    _, step = receive(
+        chat,
+        event(1, TurnStarted(turn_id="t1", user_message_id="m")),
+        event(2, completed(reason=EndReason.PROTOCOL_VIOLATION, final_answer="Sorry.", used_tools=False,
+                           finish_ok=False)),
     )
-    assert AnswerDelta("t1", "Sorry.") in step.renders
+    assert render_all(step.shown) == "Sorry.\n! turn t1 protocol_violation, no tools used, finish not ok\n"
 
 
 def test_a_streamed_final_answer_is_not_repeated() -> None:
-    proto, _ = ready_protocol()
-    step = feed(proto, *DEMO_TURN)
-    assert "".join(r.text for r in step.renders if isinstance(r, AnswerDelta)) == "It is raining."
+    chat, _ = ready_chat()
+    _, step = receive(chat, *DEMO_TURN)
+    assert render_all(step.shown).count("It is raining.") == 1
 
 
 def test_message_mode_is_done_when_its_own_turn_completes() -> None:
-    proto = ChatProtocol(new_id=ids())
-    proto.send_message("weather?", await_turn=True)  # id1, queued until the open ack
-    (open_frame,) = proto.connected().sends
-    proto.receive(ack(open_frame.id, conversation_id=CID, last_seq=0))
+    chat = new_chat()
+    chat.send_message("weather?", await_turn=True)  # id1, queued until the open ack
+    open_frame = connect(chat)
+    receive(chat, ack(open_frame.id, conversation_id=CID, last_seq=0))
     earlier = [
-        event(1, "turn.started", turn_id="t0", user_message_id="someone-else"),
-        event(2, "turn.completed", turn_id="t0", reason="complete", final_answer="x"),
+        event(1, TurnStarted(turn_id="t0", user_message_id="someone-else")),
+        event(2, completed("t0", final_answer="x")),
     ]
-    assert not feed(proto, *earlier).done
+    assert not receive(chat, *earlier)[1].done
     mine = [
-        event(3, "turn.started", turn_id="t1", user_message_id="id1"),
-        event(4, "turn.completed", turn_id="t1", reason="complete", final_answer="y"),
+        event(3, TurnStarted(turn_id="t1", user_message_id="id1")),
+        event(4, completed("t1", final_answer="y")),
     ]
-    assert feed(proto, *mine).done
+    assert receive(chat, *mine)[1].done
 
 
 # -- ask_user and commands at the prompt ---------------------------------------------------------
 
+ASK = AskUser(turn_id="t1", ask_id="t1.1.0", question="Which city?", options=["Paris", "Oslo"], timeout_s=300)
 
-def ask_event(seq: int = 1) -> str:
-    return event(seq, "ask_user", turn_id="t1", ask_id="t1.1.0", question="Which city?",
-                 options=["Paris", "Oslo"], timeout_s=300)
+
+def ask_event(seq: int = 1) -> bytes:
+    return event(seq, ASK)
 
 
 def test_ask_user_is_rendered_with_its_options() -> None:
-    proto, _ = ready_protocol()
-    step = proto.receive(ask_event())
-    assert step.renders == [AskUser("t1.1.0", "Which city?", ("Paris", "Oslo"), 300)]
-    assert "  1. Paris\n  2. Oslo\n" in render_all(step.renders)
+    chat, _ = ready_chat()
+    _, step = receive(chat, ask_event())
+    assert step.shown == [shown(ASK)]
+    assert render_all(step.shown) == "? Which city?\n  1. Paris\n  2. Oslo\n  answer with a number or text\n"
 
 
-@pytest.mark.parametrize(("typed", "answer"), [("2", "Oslo"), ("1", "Paris"), ("Bergen", "Bergen"), ("7", "7")])
-def test_the_next_line_answers_the_question_and_carries_the_ask_id(typed: str, answer: str) -> None:
-    proto, _ = ready_protocol()
-    proto.receive(ask_event())
-    (frame,) = proto.user_input(typed).sends
+@pytest.mark.parametrize(("line", "answer"), [("2", "Oslo"), ("1", "Paris"), ("Bergen", "Bergen"), ("7", "7")])
+def test_the_next_line_answers_the_question_and_carries_the_ask_id(line: str, answer: str) -> None:
+    chat, _ = ready_chat()
+    receive(chat, ask_event())
+    (frame,), _ = typed(chat, line)
     assert isinstance(frame, AnswerFrame)
     assert (frame.ask_id, frame.answer, frame.conversation_id) == ("t1.1.0", answer, CID)
-    assert isinstance(proto.user_input("next").sends[0], UserMessageFrame)  # the question was answered
+    assert isinstance(typed(chat, "next")[0][0], UserMessageFrame)  # the question was answered
 
 
 def test_a_question_answered_elsewhere_no_longer_takes_the_next_line() -> None:
-    proto, _ = ready_protocol()
-    feed(proto, ask_event(1), event(2, "tool.result", turn_id="t1", call_id="t1.1.0", tool_id="react.ask_user",
-                                    ok=True, result={"answer": "Paris"}))
-    assert isinstance(proto.user_input("hello").sends[0], UserMessageFrame)
+    chat, _ = ready_chat()
+    receive(chat, ask_event(1), event(2, ToolResult(turn_id="t1", call_id="t1.1.0", tool_id="react.ask_user",
+                                                     ok=True, duration_ms=0, result={"answer": "Paris"})))
+    assert isinstance(typed(chat, "hello")[0][0], UserMessageFrame)
 
 
 @pytest.mark.parametrize(
     ("line", "expected"),
     [
-        ("/mode ask", SetModeFrame(id="id3", conversation_id=CID, mode="ask")),
-        ("/mode agent", SetModeFrame(id="id3", conversation_id=CID, mode="agent")),
+        ("/mode ask", SetModeFrame(id="id3", conversation_id=CID, mode=Mode.ASK)),
+        ("/mode agent", SetModeFrame(id="id3", conversation_id=CID, mode=Mode.AGENT)),
         ("/steer only Paris", SteerFrame(id="id3", conversation_id=CID, text="only Paris")),
         ("/cancel", CancelFrame(id="id3", conversation_id=CID)),
         ("//slash text", UserMessageFrame(id="id3", conversation_id=CID, text="/slash text")),
         ("plain text", UserMessageFrame(id="id3", conversation_id=CID, text="plain text")),
     ],
 )
-def test_prompt_lines_become_frames(line: str, expected: msgspec.Struct) -> None:
-    proto, _ = ready_protocol()
-    assert proto.user_input(line).sends == [expected]
+def test_prompt_lines_become_frames(line: str, expected: ClientFrame) -> None:
+    chat, _ = ready_chat()
+    assert typed(chat, line)[0] == [expected]
 
 
 @pytest.mark.parametrize("line", ["/mode", "/mode fast", "/steer", "/nope"])
 def test_bad_commands_are_local_errors(line: str) -> None:
-    proto, _ = ready_protocol()
-    step = proto.user_input(line)
-    assert step.sends == [] and isinstance(step.renders[0], ErrorItem)
+    chat, _ = ready_chat()
+    sends, step = typed(chat, line)
+    assert sends == [] and isinstance(step.shown[0], Problem) and step.shown[0].code == "usage"
 
 
 def test_quit_and_blank_lines() -> None:
-    proto, _ = ready_protocol()
-    assert proto.user_input("/quit").quit
-    assert proto.user_input("   \n") == Step()
+    chat, _ = ready_chat()
+    assert chat.user_input("/quit").quit
+    assert chat.user_input("   \n") == Step()
+    assert pump(chat) == ([], Step())
 
 
 def test_an_acked_mode_change_is_confirmed() -> None:
-    proto, _ = ready_protocol()
-    (frame,) = proto.user_input("/mode ask").sends
-    assert proto.receive(ack(frame.id)).renders == [Info("mode ask (accepted)")]  # type: ignore[attr-defined]
+    chat, _ = ready_chat()
+    (frame,), _ = typed(chat, "/mode ask")
+    assert receive(chat, ack(frame.id))[1].shown == [Info("mode ask (accepted)")]
 
 
 # -- the transcript ------------------------------------------------------------------------------
 
 
 def test_transcript_streams_inline_and_breaks_lines_between_lanes() -> None:
-    proto, _ = ready_protocol()
-    text = render_all(feed(proto, *DEMO_TURN).renders)
+    chat, _ = ready_chat()
+    text = render_all(receive(chat, *DEMO_TURN)[1].shown)
     assert text == (
         "thinking: Checking Paris.\n"
         '→ demo.weather {"city":"Paris"} [exploration]\n'
@@ -411,19 +497,23 @@ def test_transcript_streams_inline_and_breaks_lines_between_lanes() -> None:
 
 def test_a_resumed_answer_continues_on_the_same_line() -> None:
     transcript = Transcript()
-    parts = [transcript.segments(AnswerDelta("t1", "It is ")), transcript.segments(Status("reconnected")),
-             transcript.segments(AnswerDelta("t1", "raining."))]
+    parts = [transcript.segments(shown(AnswerDelta(turn_id="t1", round=2, text="It is "), 1)),
+             transcript.segments(Status("reconnected")),
+             transcript.segments(shown(AnswerDelta(turn_id="t1", round=2, text="raining."), 2))]
     assert "".join(t for seg in parts for t, _ in seg) == "It is raining."
 
 
 def test_tool_errors_and_notices_are_one_line_each() -> None:
+    notice = Notice(code=NoticeCode.ASK_MODE_DENIED, message="write tools are off in ask mode",
+                    tool_id="demo.write_note")
     text = render_all([
-        ToolResult("c", "demo.fail", False, None, {"error": "boom"}, 1),
-        NoticeItem("ASK_MODE_DENIED", "write tools are off in ask mode", "demo.write_note"),
-        TurnCompleted("t2", "cancelled", None, False),
+        shown(ToolResult(turn_id="t2", call_id="c", tool_id="demo.fail", ok=False, duration_ms=1,
+                         error="tool_error", detail={"message": "boom"}), 1),
+        shown(round_completed([notice], turn_id="t2"), 2),
+        shown(completed("t2", EndReason.CANCELLED, finish_ok=False), 3),
     ])
     assert text == (
-        '← demo.fail error 1 ms {"error":"boom"}\n'
+        '← demo.fail error 1 ms {"error":"tool_error","message":"boom"}\n'
         "notice ASK_MODE_DENIED [demo.write_note]: write tools are off in ask mode\n"
         "! turn t2 cancelled, finish not ok\n"
     )
@@ -602,7 +692,7 @@ async def test_chat_resumes_after_the_whole_server_drains_and_restarts_on_the_sa
     tmp_path: Path, cut_at: str
 ) -> None:
     """Local backend: the drain stops the conversation mid-turn; a fresh server on the same store
-    and port re-activates it (SPEC §5 Faults: salvage if the answer streamed, else re-decide) and
+    and port re-activates it (docs/design.md#recovery: salvage if the answer streamed, else re-decide) and
     the client, re-subscribed after its last seq, prints the rest of the turn once."""
     async with gateway(local_backend(tmp_path)) as (first, port):
         url = f"ws://127.0.0.1:{port}/ws"

@@ -1,4 +1,4 @@
-"""The web console at GET / (SPEC §6 HTTP): served by the gateway, dependency-free, and working in
+"""The web console at GET / (docs/wire-protocol.md#12-http-endpoints-on-the-same-port): served by the gateway, dependency-free, and working in
 a real browser — streaming, ask_user buttons, and resume after a drain.
 
 The browser tests drive Debian's Chromium through Playwright for Python. Without either they skip
@@ -23,7 +23,8 @@ import pytest
 from gateway.app import build_backend
 from gateway.server import STATIC_DIR
 from gateway.settings import Settings
-from tests.gateway_harness import http_get, running
+from tests.gateway_harness import running
+from tests.kit import http_get
 from tests.test_chat import DEMO_ANSWER, SharedBackend, gateway, local_backend
 
 CHROMIUM = Path("/usr/bin/chromium")

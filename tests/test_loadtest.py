@@ -1,6 +1,7 @@
-"""`reactgate loadtest` (SPEC §9): the seq tracker, one simulated user's protocol, percentiles and
-the report without sockets; the loopback-only rule; then the real console script against a real
-gateway on 127.0.0.1, with abrupt reconnects, which must find nothing lost, duplicated or out of order.
+"""`reactgate loadtest` (README.md#configuration): the seq tracker, one simulated user on the client
+session, percentiles and the report without sockets; the loopback-only rule; then the real console
+script against a real gateway on 127.0.0.1, with abrupt reconnects, which must find nothing lost,
+duplicated or out of order.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import os
 import re
 import sys
@@ -15,34 +17,47 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 
-from gateway.app import build_backend
-from gateway.cli import main as cli_main
-from gateway.loadtest import (
-    CURVE_X_MAX,
+from client.loadtest.report import CURVE_X_MAX, Series, percentile_curve, render_html, summarize, svg_chart
+from client.loadtest.runner import LoadConfig, NotLoopback, Result, ScriptInfo, require_loopback
+from client.loadtest.user import (
     MAX_TRACKED_GAP,
-    RATE_LIMIT_RETRY_S,
-    LoadConfig,
-    NotLoopback,
-    Result,
     Seen,
     SeqTracker,
-    Series,
     SimUser,
     Stats,
     new_histogram,
-    percentile_curve,
     record_seconds,
-    render_html,
-    require_loopback,
-    summarize,
-    svg_chart,
 )
+from client.session import RETRY_PAUSE_S
+from gateway.app import build_backend
+from gateway.cli import main as cli_main
 from gateway.server import GatewayServer
 from gateway.settings import Settings
-from protocol.frames import AnswerFrame, Open, Subscribe, UserMessageFrame
+from protocol.events import (
+    AnswerDelta,
+    AskUser,
+    EndReason,
+    Event,
+    EventData,
+    Salvaged,
+    ThinkingDelta,
+    TurnCompleted,
+    TurnStarted,
+)
+from protocol.frames import (
+    Ack,
+    AnswerFrame,
+    ClientFrame,
+    ErrorCode,
+    ErrorFrame,
+    Open,
+    Subscribe,
+    UserMessageFrame,
+    encode_event,
+    encode_frame,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 CID = "c_test"
@@ -171,19 +186,46 @@ def test_the_cli_refuses_a_remote_host_with_a_clear_error_before_any_traffic(
     assert "refusing to send load to 'example.com'" in err and "127.0.0.1" in err
 
 
+def test_the_cli_refuses_the_remote_host_before_reading_the_script(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path,
+) -> None:
+    assert cli_main(["loadtest", "--url", "ws://example.com/ws", "--script", str(tmp_path / "missing.json")]) == 2
+    assert "refusing to send load to 'example.com'" in capsys.readouterr().err
+
+
+def test_the_cli_rejects_a_bad_script_naming_the_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    script = tmp_path / "bad.json"
+    script.write_text(json.dumps({"rounds": "not a list"}))
+    assert cli_main(["loadtest", "--script", str(script), "--duration", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("reactgate loadtest: ") and "bad.json" in err
+
+
 # -- one simulated user, without sockets ------------------------------------------------------------
 
 
-def frame(**fields: Any) -> bytes:
-    return msgspec.json.encode(fields)
-
-
-def event(seq: int, name: str, wall: float = 1000.0, **data: Any) -> bytes:
-    return frame(type="event", conversation_id=CID, seq=seq, event=name, data=data, ts=wall)
+def event(seq: int, data: EventData, wall: float = 1000.0) -> bytes:
+    return encode_event(Event.of(CID, seq, data, wall))
 
 
 def ack(frame_id: str, **fields: Any) -> bytes:
-    return frame(type="ack", id=frame_id, status=fields.pop("status", "accepted"), **fields)
+    return encode_frame(Ack(id=frame_id, status=fields.pop("status", "accepted"), **fields))
+
+
+def error(code: ErrorCode, message: str = "no", **fields: Any) -> bytes:
+    return encode_frame(ErrorFrame(code=code, message=message, **fields))
+
+
+def started(turn_id: str, message_id: str) -> TurnStarted:
+    return TurnStarted(turn_id=turn_id, user_message_id=message_id)
+
+
+def thinking(turn_id: str = "t1", text: str = "Look") -> ThinkingDelta:
+    return ThinkingDelta(turn_id=turn_id, round=1, text=text)
+
+
+def completed(turn_id: str = "t1", reason: EndReason = EndReason.COMPLETE) -> TurnCompleted:
+    return TurnCompleted(turn_id=turn_id, reason=reason, final_answer="It rains.", used_tools=True, finish_ok=True)
 
 
 class Driver:
@@ -218,11 +260,11 @@ def test_time_to_first_delta_is_measured_from_the_message_to_the_turns_first_del
     d = Driver()
     _, message = d.open()
     d.mono = 0.2
-    d.recv(event(1, "turn.started", turn_id="t1", user_message_id=message.id))
+    d.recv(event(1, started("t1", message.id)))
     d.mono = 0.5
-    d.recv(event(2, "thinking.delta", turn_id="t1", round=1, text="Look"))
+    d.recv(event(2, thinking("t1", "Look")))
     d.mono = 0.9
-    d.recv(event(3, "answer.delta", turn_id="t1", round=2, text="It is"))
+    d.recv(event(3, AnswerDelta(turn_id="t1", round=2, text="It is")))
     ttfd = summarize(d.stats.ttfd)
     assert ttfd.count == 1 and ttfd.max == pytest.approx(500, rel=0.01)
 
@@ -230,13 +272,13 @@ def test_time_to_first_delta_is_measured_from_the_message_to_the_turns_first_del
 def test_a_completed_turn_starts_the_next_one_until_the_duration_is_over() -> None:
     d = Driver(send_until=10.0)
     _, first = d.open()
-    d.recv(event(1, "turn.started", turn_id="t1", user_message_id=first.id))
+    d.recv(event(1, started("t1", first.id)))
     d.mono = 2.0
-    [second] = d.recv(event(2, "turn.completed", turn_id="t1", reason="complete"))
+    [second] = d.recv(event(2, completed("t1")))
     assert isinstance(second, UserMessageFrame) and second.id != first.id
-    d.recv(event(3, "turn.started", turn_id="t2", user_message_id=second.id))
+    d.recv(event(3, started("t2", second.id)))
     d.mono = 11.0
-    [verify] = d.recv(event(4, "turn.completed", turn_id="t2", reason="complete"))
+    [verify] = d.recv(event(4, completed("t2")))
     assert isinstance(verify, Open) and verify.conversation_id == CID  # asks for the head
     assert (d.stats.turns_started, d.stats.turns_completed) == (2, 2)
     assert not d.user.finished
@@ -247,12 +289,13 @@ def test_a_completed_turn_starts_the_next_one_until_the_duration_is_over() -> No
 def test_events_still_owed_at_the_end_are_awaited_then_counted_lost_if_they_never_come() -> None:
     d = Driver(send_until=1.0)
     _, message = d.open()
-    d.recv(event(1, "turn.started", turn_id="t1", user_message_id=message.id))
+    d.recv(event(1, started("t1", message.id)))
     d.mono = 2.0
-    [verify] = d.recv(event(2, "turn.completed", turn_id="t1", reason="complete"))
+    [verify] = d.recv(event(2, completed("t1")))
     d.recv(ack(verify.id, conversation_id=CID, last_seq=4))   # the head is further: wait
     assert not d.user.finished
-    d.recv(event(3, "trace", kind="something"))
+    d.recv(event(3, Salvaged(turn_id="t1", round=2, answer_chars=9)))
+    assert not d.user.finished
     d.user.abandon()                                           # the run's hard deadline
     assert d.user.tracker.lost == 1
 
@@ -260,8 +303,8 @@ def test_events_still_owed_at_the_end_are_awaited_then_counted_lost_if_they_neve
 def test_a_failed_turn_is_counted_apart_from_completed_ones() -> None:
     d = Driver()
     _, message = d.open()
-    d.recv(event(1, "turn.started", turn_id="t1", user_message_id=message.id))
-    d.recv(event(2, "turn.completed", turn_id="t1", reason="protocol_violation"))
+    d.recv(event(1, started("t1", message.id)))
+    d.recv(event(2, completed("t1", EndReason.PROTOCOL_VIOLATION)))
     assert (d.stats.turns_completed, d.stats.turns_failed) == (0, 1)
     assert d.stats.reasons == {"protocol_violation": 1}
 
@@ -269,9 +312,9 @@ def test_a_failed_turn_is_counted_apart_from_completed_ones() -> None:
 def test_an_ask_user_is_answered_with_its_first_option() -> None:
     d = Driver()
     _, message = d.open()
-    d.recv(event(1, "turn.started", turn_id="t1", user_message_id=message.id))
-    [answer] = d.recv(event(2, "ask_user", turn_id="t1", ask_id="a1", question="Go on?",
-                            options=["Continue exploring", "Stop for now"], timeout_s=300))
+    d.recv(event(1, started("t1", message.id)))
+    [answer] = d.recv(event(2, AskUser(turn_id="t1", ask_id="a1", question="Go on?",
+                                       options=["Continue exploring", "Stop for now"], timeout_s=300)))
     assert isinstance(answer, AnswerFrame)
     assert (answer.ask_id, answer.answer, answer.conversation_id) == ("a1", "Continue exploring", CID)
     assert d.stats.asks_answered == 1
@@ -280,8 +323,8 @@ def test_an_ask_user_is_answered_with_its_first_option() -> None:
 def test_after_a_drop_the_user_resumes_after_its_last_seq_and_resends_the_unacked_message_with_its_id() -> None:
     d = Driver()
     _, message = d.open()
-    d.recv(event(1, "turn.started", turn_id="t1", user_message_id=message.id))
-    d.recv(event(2, "thinking.delta", turn_id="t1", round=1, text="Look"))
+    d.recv(event(1, started("t1", message.id)))
+    d.recv(event(2, thinking()))
     d.user.disconnected()                                        # the message was never acked
     subscribe, resent = d.open(last_seq=5)
     assert subscribe.after_seq == 2
@@ -290,8 +333,8 @@ def test_after_a_drop_the_user_resumes_after_its_last_seq_and_resends_the_unacke
     assert (d.stats.resent, d.stats.duplicate_acks) == (1, 1)
     d.recv(ack(subscribe.id, conversation_id=CID, last_seq=5, after_seq=2))
     for seq in (3, 4, 5):                                        # the backlog, replayed once
-        d.recv(event(seq, "thinking.delta", wall=1000.0, turn_id="t1", round=1, text="ing"), wall=1002.0)
-    d.recv(event(6, "thinking.delta", wall=1003.0, turn_id="t1", round=1, text="."), wall=1003.01)
+        d.recv(event(seq, thinking(text="ing"), wall=1000.0), wall=1002.0)
+    d.recv(event(6, thinking(text="."), wall=1003.0), wall=1003.01)
     assert summarize(d.stats.resume_delivery).count == 3
     assert summarize(d.stats.delivery).max == pytest.approx(10, rel=0.01)  # only the live ones
     t = d.user.tracker
@@ -309,25 +352,47 @@ def test_an_acked_message_is_not_resent_after_a_drop() -> None:
 def test_a_rate_limited_command_is_sent_again_after_a_pause() -> None:
     d = Driver()
     _, message = d.open()
-    d.recv(frame(type="error", id=message.id, code="rate_limited", message="slow down"))
-    assert d.user.due(RATE_LIMIT_RETRY_S / 2) == []
-    assert d.user.due(RATE_LIMIT_RETRY_S) == [message]
+    d.recv(error(ErrorCode.RATE_LIMITED, "slow down", id=message.id))
+    assert d.user.due(RETRY_PAUSE_S / 2) == []
+    assert d.user.due(RETRY_PAUSE_S) == [message]
     assert d.stats.errors == {"rate_limited": 1}
 
 
 def test_a_slow_consumer_error_resubscribes_after_the_last_seen_seq() -> None:
     d = Driver()
     d.open()
-    d.recv(event(1, "turn.started", turn_id="t9", user_message_id="someone-else"))
-    [again] = d.recv(frame(type="error", code="slow_consumer", message="paused", conversation_id=CID, last_seq=1))
+    d.recv(event(1, started("t9", "someone-else")))
+    [again] = d.recv(error(ErrorCode.SLOW_CONSUMER, "paused", conversation_id=CID, last_seq=1))
     assert again == Subscribe(id=again.id, conversation_id=CID, after_seq=1)
 
 
 def test_a_forbidden_open_stops_the_user() -> None:
     d = Driver()
     [opened] = d.user.connected()
-    d.recv(frame(type="error", id=opened.id, code="forbidden", message="no"))
+    d.recv(error(ErrorCode.FORBIDDEN, "no", id=opened.id))
     assert d.user.finished and d.user.fatal is not None and "forbidden" in d.user.fatal
+
+
+def test_a_gap_on_the_wire_is_counted_and_the_session_resubscribes_to_fill_it() -> None:
+    d = Driver()
+    subscribe, message = d.open()
+    d.recv(ack(subscribe.id, conversation_id=CID, last_seq=0, after_seq=0))
+    d.recv(event(1, started("t1", message.id)))
+    [again] = d.recv(event(3, thinking()))           # seq 2 never came on this subscription
+    assert again == Subscribe(id=again.id, conversation_id=CID, after_seq=1)
+    d.recv(ack(again.id, conversation_id=CID, last_seq=3, after_seq=1))
+    d.recv(event(2, thinking()))
+    d.recv(event(3, thinking()))
+    t = d.user.tracker
+    assert (t.lost, t.out_of_order, t.duplicated) == (0, 1, 1)  # the server broke its promise: counted
+    assert d.user.session.last_seq == 3 and d.stats.events == 3    # each event counted once, in order
+
+
+def test_events_of_another_conversation_are_counted_as_errors() -> None:
+    d = Driver()
+    d.open()
+    frames: list[ClientFrame] = d.recv(encode_event(Event.of("c_other", 1, thinking(), 1000.0)))
+    assert frames == [] and d.stats.errors == {"client.foreign_event": 1} and d.user.tracker.received == 0
 
 
 # -- the report -------------------------------------------------------------------------------------
@@ -341,18 +406,29 @@ def test_the_svg_chart_is_well_formed_xml_with_one_line_per_series() -> None:
     assert len(root.findall(f"{ns}polyline")) == 2
 
 
-def test_the_html_report_is_self_contained_and_shows_the_correctness_counts() -> None:
+def one_turn_result(script_info: ScriptInfo | None = None) -> Result:
     d = Driver()
     _, message = d.open()
-    d.recv(event(1, "turn.started", turn_id="t1", user_message_id=message.id))
-    d.recv(event(2, "answer.delta", turn_id="t1", round=1, text="x"))
+    d.recv(event(1, started("t1", message.id)))
+    d.recv(event(2, AnswerDelta(turn_id="t1", round=1, text="x")))
     d.mono = 200.0  # past the duration: no next turn
-    d.recv(event(3, "turn.completed", turn_id="t1", reason="complete"))
-    page = render_html(Result(LoadConfig(duration_s=1), d.stats, [d.user], elapsed_s=1.0))
+    d.recv(event(3, completed("t1")))
+    return Result(LoadConfig(duration_s=1), d.stats, [d.user], elapsed_s=1.0, script_info=script_info)
+
+
+def test_the_html_report_is_self_contained_and_shows_the_correctness_counts() -> None:
+    page = render_html(one_turn_result())
     assert page.count("<svg") == 4
     assert "PASS: no event lost" in page
     assert '<tr><th>duplicated</th><td class="ok">0</td></tr>' in page
     assert not re.search(r"""(src|href)=["']?https?:""", page)  # no CDN, nothing fetched
+    assert "$" not in page  # every placeholder of the template was filled
+
+
+def test_the_html_report_describes_the_script_it_was_given() -> None:
+    info = ScriptInfo("demo <1>.json", rounds=2, loop=True, chunks_per_round=(3, 4))
+    page = render_html(one_turn_result(info))
+    assert "Script demo &lt;1&gt;.json: 2 round(s) (loops), chunks per round [3, 4], 7 chunks per pass." in page
 
 
 # -- end to end: the console script against a real gateway ----------------------------------------

@@ -1,17 +1,46 @@
 // reactgate web console: one conversation over /ws (subprotocol reactgate.v1), no dependencies.
 //
-// The same shape as the terminal client (gateway/chat.py): `Session` holds the protocol state
-// (conversation id, last seen seq, unacked commands) and never touches the DOM; `View` draws.
-// Resume: on any connection loss it reconnects with full-jitter backoff, re-opens the same
-// conversation, subscribes after the last seq it rendered (so nothing is lost or duplicated) and
-// re-sends unacked user_message/steer/answer/set_mode frames with the same ids (the gateway
-// dedupes them). The conversation id lives in the URL hash, so a reload replays the conversation.
+// `Session` follows the rules of client/session.py, the reference implementation of the client side
+// of the protocol (docs/wire-protocol.md#13-writing-a-client-checklist); keep the two in step:
+// - the first `open` creates the conversation; after a reconnect it is re-opened (never with a mode:
+//   the mode is sticky on the server); nothing but the open is sent before its ack;
+// - on the open ack: subscribe after the last seq drawn, then send every pending command — again
+//   with the same id after a reconnect (RESENT_AFTER_RECONNECT); an unacked cancel is never sent
+//   again (a repeat could cancel the next turn) and the user is told it may not have arrived;
+// - an event with seq <= the last drawn is dropped; a gap is never drawn and re-subscribes from the
+//   last drawn seq, once per subscription in flight;
+// - error frames: ERROR_REACTIONS, the same table as client/session.py.
+// `Session` never touches the DOM beyond calling `View`. The conversation id lives in the URL hash,
+// so a reload replays the conversation.
 "use strict";
 
 const SUBPROTOCOL = "reactgate.v1";
-const RESENT = new Set(["user_message", "steer", "answer", "set_mode"]); // cancel is not idempotent
+const RESENT_AFTER_RECONNECT = { user_message: true, steer: true, answer: true, set_mode: true, cancel: false };
 const BACKOFF_BASE_MS = 200;
 const BACKOFF_CAP_MS = 5000;
+const RETRY_PAUSE_MS = 500; // a frame the server did not process (rate_limited) is sent again after this
+
+// (code, what the error answers) -> what the session does; columns: open, head, subscribe, command,
+// stream (no id, our conversation). The console never checks the head; the column is kept so
+// the table reads the same as client/session.py's ERROR_REACTIONS.
+const FATAL = "fatal", RESUBSCRIBE = "resubscribe", RETRY = "retry", DROP = "drop", REPORT = "report";
+const ERROR_TARGETS = ["open", "head", "subscribe", "command", "stream"];
+const ERROR_REACTIONS = {
+  bad_request:   [FATAL, FATAL, FATAL, DROP, REPORT],
+  unauthorized:  [FATAL, FATAL, FATAL, DROP, FATAL],
+  forbidden:     [FATAL, FATAL, FATAL, DROP, FATAL],
+  not_found:     [FATAL, FATAL, FATAL, DROP, REPORT],
+  rate_limited:  [RETRY, RETRY, RETRY, RETRY, REPORT],
+  too_large:     [FATAL, FATAL, FATAL, DROP, REPORT],
+  slow_consumer: [RESUBSCRIBE, RESUBSCRIBE, RESUBSCRIBE, RESUBSCRIBE, RESUBSCRIBE],
+  overloaded:    [FATAL, FATAL, FATAL, DROP, REPORT],
+  internal:      [FATAL, FATAL, RETRY, DROP, RESUBSCRIBE],
+};
+
+function reaction(code, target) {
+  const row = ERROR_REACTIONS[code];
+  return row ? row[ERROR_TARGETS.indexOf(target)] : REPORT;
+}
 
 function newId() {
   const bytes = new Uint8Array(16);
@@ -85,25 +114,30 @@ function recallText(conversationId, id) {
 // Protocol state: frames in, callbacks out.
 
 class Session {
-  constructor(view, conversationId) {
+  constructor(view, conversationId, onFatal) {
     this.view = view;
     this.conversationId = conversationId;
+    this.reopening = conversationId !== null; // opened from the URL: it may not be ours
+    this.onFatal = onFatal;
     this.lastSeq = 0;
     this.ready = false;
+    this.opened = false;       // an open of this session was ever acked
     this.ws = null;
     this.attempt = 0;
-    this.pending = new Map(); // id -> {type, fields, sent}
+    this.pending = new Map();  // id -> {type, fields, sent (on this connection), timesSent, waiting}
     this.openId = null;
     this.subscribeId = null;
-    this.resubscribing = false;
+    this.subscribeAcked = true; // no (re-)subscribe in flight
     this.turnActive = false;
     this.mode = storageGet(this.modeKey()) || "agent";
     this.closedByUs = false;
+    this.ended = null;
   }
 
   modeKey() { return "reactgate.mode." + (this.conversationId || "new"); }
 
   connect() {
+    if (this.ended) return;
     this.view.status("connecting…", "");
     let ws;
     try {
@@ -128,12 +162,7 @@ class Session {
     };
     ws.onclose = (ev) => {
       if (this.ws !== ws) return;
-      this.ws = null;
-      this.ready = false;
-      this.resubscribing = false;
-      for (const [id, p] of this.pending) {
-        if (p.sent && !RESENT.has(p.type)) this.pending.delete(id);
-      }
+      this.disconnected();
       if (this.closedByUs) return;
       const delay = Math.random() * Math.min(BACKOFF_CAP_MS, BACKOFF_BASE_MS * 2 ** Math.min(this.attempt, 16));
       this.attempt += 1;
@@ -146,13 +175,27 @@ class Session {
     };
   }
 
+  disconnected() {
+    this.ws = null;
+    this.ready = false;
+    this.openId = this.subscribeId = null;
+    this.subscribeAcked = true;
+    for (const [id, p] of this.pending) {
+      if (p.sent && !RESENT_AFTER_RECONNECT[p.type]) {
+        this.pending.delete(id);
+        this.view.note(`${p.type} may not have reached the server: send it again`);
+      }
+      p.sent = false;
+    }
+  }
+
   raw(frame) {
     if (this.ws && this.ws.readyState === WebSocket.OPEN) this.ws.send(JSON.stringify(frame));
   }
 
   command(type, fields) {
     const id = newId();
-    const p = { type, fields, sent: false };
+    const p = { type, fields, sent: false, timesSent: 0, waiting: false };
     this.pending.set(id, p);
     if (this.ready) this.sendPending(id, p);
     return id;
@@ -160,16 +203,34 @@ class Session {
 
   sendPending(id, p) {
     p.sent = true;
+    p.timesSent += 1;
     this.raw(Object.assign({ type: p.type, id, conversation_id: this.conversationId }, p.fields));
   }
 
   subscribe() {
     this.subscribeId = newId();
-    this.resubscribing = true;
+    this.subscribeAcked = false;
     this.raw({ type: "subscribe", id: this.subscribeId, conversation_id: this.conversationId, after_seq: this.lastSeq });
   }
 
+  retry(id) {
+    // Same id; a stale id (superseded frame, acked or dropped command) does nothing.
+    const p = this.pending.get(id);
+    if (p) {
+      if (p.waiting) { p.waiting = false; if (this.ready) this.sendPending(id, p); }
+      return;
+    }
+    if (id === this.openId && !this.ready) {
+      const frame = { type: "open", id };
+      if (this.conversationId) frame.conversation_id = this.conversationId;
+      this.raw(frame);
+    } else if (id === this.subscribeId && this.ready) {
+      this.raw({ type: "subscribe", id, conversation_id: this.conversationId, after_seq: this.lastSeq });
+    }
+  }
+
   receive(frame) {
+    if (this.ended) return undefined;
     switch (frame.type) {
       case "ack": return this.onAck(frame);
       case "error": return this.onError(frame);
@@ -179,27 +240,8 @@ class Session {
   }
 
   onAck(ack) {
-    if (ack.id === this.openId) {
-      if (this.conversationId && ack.conversation_id !== this.conversationId) {
-        this.view.error("internal", "the server opened another conversation");
-        return;
-      }
-      const created = !this.conversationId;
-      this.conversationId = ack.conversation_id;
-      if (created) {
-        adoptTexts(this.conversationId);
-        storageSet(this.modeKey(), this.mode);
-        history.replaceState(null, "", "#c=" + encodeURIComponent(this.conversationId));
-      }
-      this.ready = true;
-      this.attempt = 0;
-      this.view.conversation(this.conversationId);
-      this.view.status(this.lastSeq ? `connected — resumed after seq ${this.lastSeq}` : "connected", "up");
-      this.subscribe();
-      for (const [id, p] of this.pending) this.sendPending(id, p);
-      return;
-    }
-    if (ack.id === this.subscribeId) { this.resubscribing = false; return; }
+    if (ack.id === this.openId) return this.onOpened(ack);
+    if (ack.id === this.subscribeId) { this.subscribeAcked = true; return; }
     const p = this.pending.get(ack.id);
     if (!p) return;
     this.pending.delete(ack.id);
@@ -210,27 +252,67 @@ class Session {
     }
   }
 
-  onError(err) {
-    if (err.id && err.id === this.openId) {
-      // Not ours (forbidden) or gone: start a fresh conversation instead of retrying forever.
-      this.view.error(err.code, err.message + " — starting a new conversation");
-      this.conversationId = null;
-      this.lastSeq = 0;
-      history.replaceState(null, "", window.location.pathname + window.location.search);
-      this.view.reset();
-      this.restart();
+  onOpened(ack) {
+    if (!ack.conversation_id || (this.conversationId && ack.conversation_id !== this.conversationId)) {
+      this.fatal("internal", `asked to open ${this.conversationId || "a new conversation"}, the server opened ${ack.conversation_id}`);
       return;
     }
-    if (err.code === "slow_consumer") { if (this.ready) this.subscribe(); return; }
-    if (err.id) this.pending.delete(err.id);
-    this.view.error(err.code, err.message);
+    const created = !this.conversationId;
+    this.conversationId = ack.conversation_id;
+    if (created) {
+      adoptTexts(this.conversationId);
+      storageSet(this.modeKey(), this.mode);
+      history.replaceState(null, "", "#c=" + encodeURIComponent(this.conversationId));
+    }
+    this.ready = true;
+    this.attempt = 0;
+    this.view.conversation(this.conversationId);
+    this.view.status(this.opened ? `connected — resumed after seq ${this.lastSeq}` : "connected", "up");
+    this.opened = true;
+    this.subscribe();
+    for (const [id, p] of this.pending) if (!p.waiting) this.sendPending(id, p); // same ids: repeats are acked `duplicate`
+  }
+
+  target(err) {
+    if (err.id) {
+      if (err.id === this.openId) return "open";
+      if (err.id === this.subscribeId) return "subscribe";
+      if (this.pending.has(err.id)) return "command";
+      return null; // a frame we no longer track
+    }
+    if (err.conversation_id && err.conversation_id === this.conversationId) return "stream";
+    return null;
+  }
+
+  onError(err) {
+    const target = this.target(err);
+    if (target === null) {
+      if (!err.conversation_id || err.conversation_id === this.conversationId) this.view.error(err.code, err.message);
+      return;
+    }
+    switch (reaction(err.code, target)) {
+      case FATAL: return this.fatal(err.code, err.message);
+      case RESUBSCRIBE: if (this.ready) this.subscribe(); return; // from our last drawn seq: nothing lost
+      case RETRY: {
+        const p = this.pending.get(err.id);
+        if (p) p.waiting = true;
+        setTimeout(() => this.retry(err.id), RETRY_PAUSE_MS);
+        return;
+      }
+      case DROP:
+        this.pending.delete(err.id);
+        this.view.error(err.code, err.message);
+        return;
+      default:
+        this.view.error(err.code, err.message);
+    }
   }
 
   onEvent(frame) {
     if (frame.conversation_id !== this.conversationId) return;
-    if (frame.seq <= this.lastSeq) return; // replayed after a resume: already drawn
+    if (frame.seq <= this.lastSeq) return; // replayed by a restarted subscription: already drawn
     if (frame.seq !== this.lastSeq + 1) {  // a gap: never draw out of order; restart the stream here
-      if (this.ready && !this.resubscribing) this.subscribe();
+      if (this.ready && this.subscribeAcked) this.subscribe();
       return;
     }
     this.lastSeq = frame.seq;
@@ -241,19 +323,24 @@ class Session {
     this.view.busy(this.turnActive);
   }
 
-  restart() {
-    // Drop the socket and open anew (new conversation, or after a fatal open error).
+  fatal(code, message) {
+    // No reconnect can fix it: this session is over (the wiring decides what comes next).
+    this.ended = `${code}: ${message}`;
+    this.close("session ended");
+    this.onFatal(this, code, message);
+  }
+
+  close(reason) {
+    this.closedByUs = true;
     if (this.ws) {
       const old = this.ws;
       this.ws = null;
       old.onclose = null;
-      old.close(1000, "new conversation");
+      old.close(1000, reason);
     }
     this.ready = false;
-    this.pending.clear();
     this.turnActive = false;
     this.view.busy(false);
-    this.connect();
   }
 }
 
@@ -341,6 +428,10 @@ class View {
 
   error(code, message) {
     this.stickToBottom(() => this.main.append(el("div", "error", `error ${code}: ${message}`)));
+  }
+
+  note(text) {
+    this.stickToBottom(() => this.main.append(el("div", "meta", text)));
   }
 
   event(name, d) {
@@ -500,9 +591,26 @@ class View {
 
 function main() {
   const view = new View();
-  let session = new Session(view, conversationFromHash());
-  view.session = session;
-  view.mode(session.mode);
+  let session = null;
+
+  const start = (conversationId) => {
+    session = new Session(view, conversationId, onFatal);
+    view.session = session;
+    view.mode(session.mode);
+    session.connect();
+  };
+  function onFatal(ended, code, message) {
+    if (ended.reopening) {
+      // The conversation in the URL is not ours (or is gone): start a fresh one instead.
+      history.replaceState(null, "", window.location.pathname + window.location.search);
+      view.reset();
+      view.error(code, message + " — starting a new conversation");
+      start(null);
+      return;
+    }
+    view.error(code, message);
+    view.status(`stopped — ${code} (press New to start again)`, "down");
+  }
 
   const input = document.getElementById("input");
   const take = () => { const t = input.value.trim(); if (t) input.value = ""; return t; };
@@ -535,14 +643,10 @@ function main() {
     });
   }
   document.getElementById("new-conversation").addEventListener("click", () => {
-    session.closedByUs = true;
-    if (session.ws) session.ws.close(1000, "new conversation");
+    session.close("new conversation");
     history.replaceState(null, "", window.location.pathname + window.location.search);
     view.reset();
-    session = new Session(view, null);
-    view.session = session;
-    view.mode(session.mode);
-    session.connect();
+    start(null);
   });
   window.addEventListener("hashchange", () => {
     const cid = conversationFromHash();
@@ -550,7 +654,7 @@ function main() {
   });
 
   window.reactgate = { get session() { return session; }, view }; // for tests and the curious
-  session.connect();
+  start(conversationFromHash());
   input.focus();
 }
 
