@@ -1,4 +1,4 @@
-"""Context assembly: the prompt for the next decision, rendered from the timeline (SPEC §4.11).
+"""Context assembly: the prompt for the next decision, rendered from the timeline (docs/design.md#context).
 
 Within the model's budget (LiteLLM's token counting) it never drops the system prompt, the turn's
 user message or the latest observation (kept whole); it folds the oldest blocks into one summary

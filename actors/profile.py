@@ -1,8 +1,8 @@
-"""Agent profiles: the TOML an operator writes to define an agent (SPEC §9).
+"""Agent profiles: the TOML an operator writes to define an agent (docs/design.md#profiles).
 
 A profile names the model and its ordered fallbacks, the agent's states and initial state, its
 policies (limits, finish policy), and its tools with the states each is available in and an
-optional per-profile trait override (SPEC §3.2, §4.5). A bad profile is a start-up error whose
+optional per-profile trait override (docs/design.md#traits, docs/design.md#states). A bad profile is a start-up error whose
 message names the file and the offending field, e.g.
 `demo.toml: policies.max_iterations: Input should be greater than 0`.
 """
@@ -45,7 +45,7 @@ class ProfileError(ValueError):
 
 
 class Policies(BaseModel):
-    """Per-agent limits and rules; the defaults are SPEC §9's."""
+    """Per-agent limits and rules; the defaults are those of docs/design.md#profiles."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -80,14 +80,14 @@ class AgentProfile(BaseModel):
     policies: Policies = Policies()
     tools: tuple[ToolEntry, ...] = ()
     # ray backend: "sharded" (many conversations per ConversationHost) or "dedicated" (one named
-    # Ray actor per conversation: process isolation, ~90 MB each — SPEC §5)
+    # Ray actor per conversation: process isolation, ~90 MB each — docs/design.md#placement)
     placement: Literal["sharded", "dedicated"] = "sharded"
 
     @model_validator(mode="after")
     def _consistent(self, info: ValidationInfo) -> AgentProfile:
         if self.initial_state is None:
             object.__setattr__(self, "initial_state", self.states[0])
-        # SPEC §4.1: `observe` is the default *when the agent has tools*; a tool-less agent
+        # docs/design.md#observe-before-finish: `observe` is the default *when the agent has tools*; a tool-less agent
         # could never observe anything.
         if not self.tools and "finish_policy" not in self.policies.model_fields_set:
             object.__setattr__(self, "policies", self.policies.model_copy(update={"finish_policy": "allow_no_tool"}))
@@ -129,7 +129,7 @@ class AgentProfile(BaseModel):
         return tuple(t.id for t in self.tools)
 
     def tool_states(self) -> dict[str, frozenset[str] | None]:
-        """Availability matrix (SPEC §4.5): tool id → states it is available in (None: all)."""
+        """Availability matrix (docs/design.md#states): tool id → states it is available in (None: all)."""
         return {t.id: None if t.states is None else frozenset(t.states) for t in self.tools}
 
     def trait_overrides(self) -> dict[str, Trait]:
@@ -139,7 +139,7 @@ class AgentProfile(BaseModel):
         return tuple(t.id for t in self.tools if t.states is None or state in t.states)
 
     def with_script(self, name: str) -> AgentProfile:
-        """A copy whose model and fallbacks all play script `name` (`--script F`, SPEC §9)."""
+        """A copy whose model and fallbacks all play script `name` (`--script F`, docs/design.md#profiles)."""
         scripted = f"{SCRIPTED_PROVIDER}/{name}"
         return self.model_copy(update={"model": scripted, "fallbacks": tuple(scripted for _ in self.fallbacks)})
 
@@ -192,5 +192,5 @@ def load_profile(path_or_text: str | Path, known_tools: Container[str] | None) -
 
 
 def demo_profile(known_tools: Container[str] | None = None) -> AgentProfile:
-    """The built-in demo agent (SPEC §8): states default + focused, model `scripted/demo`."""
+    """The built-in demo agent (docs/design.md#demo-tools): states default + focused, model `scripted/demo`."""
     return load_profile(DEMO_PROFILE, known_tools)

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/turn_bench.py [--chunks 2000] [--turns 5] [--repeats 5]
 
-A turn of the scripted model (SPEC §7): a `demo.weather` call, its observation, then a long
+A turn of the scripted model (docs/design.md#scripted-model): a `demo.weather` call, its observation, then a long
 streamed answer — every model call through `litellm.acompletion(stream=True)` in its lean
 configuration (`actors.llm.stream.LEAN_SETTINGS`, stop at the finish chunk).
 

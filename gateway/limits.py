@@ -1,4 +1,4 @@
-"""Per-connection limits (SPEC §6 "Bad input"): a token bucket and a bad-frame counter.
+"""Per-connection limits (docs/wire-protocol.md#11-limits-slow-consumers-drain): a token bucket and a bad-frame counter.
 
 Both are plain synchronous objects with an injectable clock so tests drive time by hand.
 """

@@ -1,10 +1,10 @@
-"""A kit to drive one Conversation through LiteLLM with a scripted model (SPEC §7) in a test.
+"""A kit to drive one Conversation through LiteLLM with a scripted model (docs/design.md#scripted-model) in a test.
 
 `harness(script, **overrides)` registers the script under a fresh name, builds the demo profile
 playing it (with policy overrides), an in-memory EventLog (flush_interval_ms=0: one event per
 delta) and a Runtime whose `stream_model` records every model call's messages. The helpers wait
 on events with timeouts — never on wall-clock sleeps — and `check_invariants` asserts what every
-conversation must satisfy (SPEC §4.2, §6).
+conversation must satisfy (docs/design.md#observations, #event-log).
 """
 
 from __future__ import annotations

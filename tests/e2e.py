@@ -4,11 +4,9 @@ Three pieces, shared by every `tests/test_e2e_*.py`:
 
 - `local_server(store_path, script, ...)`: `GatewayServer` + the production `LocalBackend`
   (`gateway.app.local_backend`), in-process on 127.0.0.1:0, a temporary SQLite store, and the
-  demo profile playing `script` through the real LiteLLM streaming path (SPEC §7);
-- `Client`: a thin wrapper over `websockets.asyncio.client` that records every frame it reads
-  (events per conversation, replies by id) and waits on *conditions* with timeouts, never on
-  wall-clock sleeps; `LocalServer.stalling_client()` is one whose socket blocks the server's
-  after a few KiB once the test stops reading (slow consumers);
+  demo profile playing `script` through the real LiteLLM streaming path (docs/design.md#scripted-model);
+- the client of `tests/kit.py` (re-exported here), and `LocalServer.stalling_client()`, one whose
+  socket blocks the server's after a few KiB once the test stops reading (slow consumers);
 - `ServeProcess`: `reactgate serve --backend local --port 0 --store sqlite:///…` as a subprocess,
   for the kill/drain tests; the port is read from the server's own "listening on" log line.
 
@@ -29,18 +27,15 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import jwt
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed
-from websockets.typing import Subprotocol
 
+from actors.hosting.local import LocalBackend
 from actors.llm.scripts import parse_script, register_script
-from actors.local import LocalBackend
 from actors.profile import AgentProfile, demo_profile
 from actors.store.sqlite import SqliteStore
 from actors.tools.demo import demo_registry
@@ -48,18 +43,16 @@ from gateway.app import AgentSetup, local_backend
 from gateway.server import GatewayServer
 from gateway.settings import Settings
 from protocol.events import Event
-from protocol.frames import SUBPROTOCOL, encode_event
+from protocol.frames import encode_event
+from tests.kit import Client, client, http_get
 from tests.roundkit import action, call, complete, text_round, thinking
 
-TIMEOUT = 20.0          # a generous bound for one condition; the tests never assert durations
-PROTO = [Subprotocol(SUBPROTOCOL)]
 SECRET = "e2e-secret-for-hs256-long-enough-32b!"
 REPO = Path(__file__).resolve().parent.parent
 _names = itertools.count(1)
-T = TypeVar("T")
 
 
-# -- scripts (SPEC §7) --------------------------------------------------------------------------
+# -- scripts (docs/design.md#scripted-model) --------------------------------------------------------------------------
 
 
 
@@ -77,7 +70,7 @@ def script(*rounds: Mapping[str, Any], loop: bool = False) -> dict[str, Any]:
 
 
 def weather_then_answer(answer: str = "It rains in Paris, 12 °C.", **answer_round: Any) -> dict[str, Any]:
-    """The demo turn: observe (demo.weather), then complete — a legal finish (SPEC §4.1)."""
+    """The demo turn: observe (demo.weather), then complete — a legal finish (docs/design.md#observe-before-finish)."""
     return script(
         text_round(thinking("Checking the weather."), action(call("demo.weather", city="Paris"))),
         text_round(thinking("Answering."), action(complete(answer)), **answer_round),
@@ -91,7 +84,7 @@ def slow_answer_script(answer_chars: int = 240, delay_ms: float = 15) -> dict[st
     return weather_then_answer(answer, chunk_chars=4, delay_ms=delay_ms)
 
 
-# -- tokens (SPEC §6 Auth) -----------------------------------------------------------------------
+# -- tokens (docs/wire-protocol.md#authentication) -----------------------------------------------------------------------
 
 
 def token(sub: str = "alice", tenant: str = "acme", *, secret: str = SECRET, exp_in: float = 3600) -> str:
@@ -99,137 +92,6 @@ def token(sub: str = "alice", tenant: str = "acme", *, secret: str = SECRET, exp
 
 
 # -- the client ----------------------------------------------------------------------------------
-
-
-class Client:
-    """Records every frame read: events per conversation in arrival order, other frames in `others`
-    until a waiter claims them. Every wait is a condition over what was recorded, bounded by a timeout."""
-
-    def __init__(self, ws: ClientConnection) -> None:
-        self.ws = ws
-        self.events: dict[str, list[dict[str, Any]]] = {}
-        self.others: list[dict[str, Any]] = []
-        self._ids = itertools.count(1)
-
-    # -- sending -------------------------------------------------------------------------------
-
-    async def send(self, **frame: Any) -> str:
-        frame.setdefault("id", f"f{next(self._ids)}")
-        await self.ws.send(json.dumps(frame))
-        return str(frame["id"])
-
-    async def request(self, **frame: Any) -> dict[str, Any]:
-        """Send a frame; its reply (ack, error or pong with the same id)."""
-        return await self.reply(await self.send(**frame))
-
-    async def open(self, **fields: Any) -> str:
-        ack = await self.request(type="open", **fields)
-        assert ack["type"] == "ack", ack
-        return str(ack["conversation_id"])
-
-    async def subscribe(self, conversation_id: str, after_seq: int = 0) -> dict[str, Any]:
-        ack = await self.request(type="subscribe", conversation_id=conversation_id, after_seq=after_seq)
-        assert ack["type"] == "ack", ack
-        return ack
-
-    async def say(self, conversation_id: str, text: str = "weather in Paris?", id: str | None = None) -> dict[str, Any]:
-        fields = {"id": id} if id else {}
-        return await self.request(type="user_message", conversation_id=conversation_id, text=text, **fields)
-
-    # -- receiving -------------------------------------------------------------------------------
-
-    async def _read(self) -> dict[str, Any]:
-        raw = await self.ws.recv()
-        frame: dict[str, Any] = json.loads(raw)
-        if frame.get("type") == "event":
-            self.events.setdefault(frame["conversation_id"], []).append(frame)
-        else:
-            self.others.append(frame)
-        return frame
-
-    async def until(self, check: Callable[[], T | None], timeout: float = TIMEOUT) -> T:
-        """Read frames until `check()` (over what was recorded) returns something other than None."""
-
-        async def loop() -> T:
-            while (found := check()) is None:
-                await self._read()
-            return found
-
-        return await asyncio.wait_for(loop(), timeout)
-
-    async def reply(self, frame_id: str, timeout: float = TIMEOUT) -> dict[str, Any]:
-        def claim() -> dict[str, Any] | None:
-            for i, frame in enumerate(self.others):
-                if frame.get("id") == frame_id:
-                    return self.others.pop(i)
-            return None
-
-        return await self.until(claim, timeout)
-
-    async def error(self, code: str, timeout: float = TIMEOUT) -> dict[str, Any]:
-        """The next unclaimed error frame with `code` (e.g. slow_consumer, which carries no id)."""
-
-        def claim() -> dict[str, Any] | None:
-            for i, frame in enumerate(self.others):
-                if frame.get("type") == "error" and frame.get("code") == code:
-                    return self.others.pop(i)
-            return None
-
-        return await self.until(claim, timeout)
-
-    async def event(self, conversation_id: str, name: str, timeout: float = TIMEOUT, **match: Any) -> dict[str, Any]:
-        """The first event `name` of the conversation received so far or to come, whose data matches."""
-
-        def find() -> dict[str, Any] | None:
-            for frame in self.events.get(conversation_id, ()):
-                if frame["event"] == name and all(frame["data"].get(k) == v for k, v in match.items()):
-                    return frame
-            return None
-
-        return await self.until(find, timeout)
-
-    async def turn_completed(self, conversation_id: str, turn_id: str = "t1", timeout: float = TIMEOUT) -> dict[str, Any]:
-        return await self.event(conversation_id, "turn.completed", timeout, turn_id=turn_id)
-
-    async def closed(self, timeout: float = TIMEOUT) -> ConnectionClosed:
-        """Read until the server closes the connection; the ConnectionClosed (`.rcvd.code`)."""
-
-        async def loop() -> ConnectionClosed:
-            try:
-                while True:
-                    await self._read()
-            except ConnectionClosed as exc:
-                return exc
-
-        return await asyncio.wait_for(loop(), timeout)
-
-    def seqs(self, conversation_id: str) -> list[int]:
-        return [e["seq"] for e in self.events.get(conversation_id, ())]
-
-    def last_seq(self, conversation_id: str) -> int:
-        seqs = self.seqs(conversation_id)
-        return seqs[-1] if seqs else 0
-
-    def abort(self) -> None:
-        """Drop the TCP connection with no close handshake (a lost network, a killed laptop)."""
-        self.ws.transport.abort()
-
-
-@contextlib.asynccontextmanager
-async def client(url: str, bearer: str | None = None, **kwargs: Any) -> AsyncIterator[Client]:
-    headers = {"Authorization": f"Bearer {bearer}"} if bearer else None
-    async with connect(url, subprotocols=PROTO, additional_headers=headers, open_timeout=TIMEOUT, **kwargs) as ws:
-        yield Client(ws)
-
-
-async def wait_until(predicate: Callable[[], bool], timeout: float = TIMEOUT) -> None:
-    """A condition on server state that no frame announces (polled, bounded by `timeout`)."""
-
-    async def poll() -> None:
-        while not predicate():
-            await asyncio.sleep(0.01)
-
-    await asyncio.wait_for(poll(), timeout)
 
 
 def comparable(events: Sequence[Mapping[str, Any]]) -> list[tuple[int, str, Any, float]]:
@@ -370,7 +232,7 @@ class ServeProcess:
             return port
 
         self.port = await asyncio.wait_for(wait_port(), timeout)
-        status, _ = await asyncio.wait_for(http_get("127.0.0.1", self.port, "/readyz"), timeout)
+        status, _, _ = await asyncio.wait_for(http_get("127.0.0.1", self.port, "/readyz"), timeout)
         assert status == 200, self.output()
         return self
 
@@ -430,18 +292,6 @@ async def read_log(store_path: Path, conversation_id: str) -> list[Event]:
         return await store.read_events(conversation_id, 0, limit=100_000)
     finally:
         await store.close()
-
-
-async def http_get(host: str, port: int, path: str, timeout: float = TIMEOUT) -> tuple[int, bytes]:
-    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
-    try:
-        writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n".encode())
-        await writer.drain()
-        raw = await asyncio.wait_for(reader.read(), timeout)
-    finally:
-        writer.close()
-    head, _, body = raw.partition(b"\r\n\r\n")
-    return int(head.split(b" ", 2)[1]), body
 
 
 def small_rcvbuf_socket(host: str, port: int, size: int = 4096) -> socket.socket:

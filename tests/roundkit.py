@@ -46,7 +46,7 @@ def complete(answer: str) -> dict[str, Any]:
 
 
 def text_round(*parts: str, **round_fields: Any) -> dict[str, Any]:
-    """A scripted-model round (SPEC §7) streaming the concatenated parts (`chunk_chars`, `delay_ms`, …)."""
+    """A scripted-model round (docs/design.md#scripted-model) streaming the concatenated parts (`chunk_chars`, `delay_ms`, …)."""
     return {"text": "".join(parts), **round_fields}
 
 

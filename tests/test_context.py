@@ -1,4 +1,4 @@
-"""Context assembly within the token budget and the step ledger (SPEC §4.11) — pure, no model."""
+"""Context assembly within the token budget and the step ledger (docs/design.md#context) — pure, no model."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Ownership and authentication on a server configured with a JWT secret (SPEC §6 Auth).
+"""Ownership and authentication on a server configured with a JWT secret (docs/wire-protocol.md#authentication).
 
 Only the owner (`sub` + `tenant`) may open, watch or write to a conversation; anyone else gets
 `forbidden` with the very same reply whether or not the conversation exists, so the reply leaks
@@ -18,7 +18,8 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from gateway.session import FORBIDDEN_MESSAGE
-from tests.e2e import PROTO, SECRET, LocalServer, check_log, local_server, run_serve, store_url, token
+from tests.e2e import SECRET, LocalServer, check_log, local_server, run_serve, store_url, token
+from tests.kit import PROTO
 
 GHOST = "c_" + "q" * 22
 

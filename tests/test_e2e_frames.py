@@ -1,4 +1,4 @@
-"""Every client frame of SPEC §6 and its reply, and every error code a client can reach, against a
+"""Every client frame (docs/wire-protocol.md) and its reply, and every error code a client can reach, against a
 real server on a loopback port with the real local backend, store and scripted model.
 
 The gateway's edge tests (`test_gateway_*.py`, over a fake backend) cover the edge in depth; here

@@ -1,4 +1,4 @@
-"""Hostile frames against the real backend (SPEC §6 "Bad input"): junk bytes, binary frames, wrong
+"""Hostile frames against the real backend (docs/wire-protocol.md#11-limits-slow-consumers-drain): junk bytes, binary frames, wrong
 types, missing fields, huge strings, deep nesting, and malformed frames aimed at a live
 conversation. Each gets an error frame (never `internal`) or the documented close code, the server
 stays up, and a well-behaved client on another connection completes its turn meanwhile with a
@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed
 
 from protocol.frames import CloseCode
-from tests.e2e import Client, as_frames, check_log, comparable, local_server, slow_answer_script
+from tests.e2e import as_frames, check_log, comparable, local_server, slow_answer_script
 from tests.frame_strategies import fields, json_values, scalars
+from tests.kit import Client
 
 MAX_FRAME = 4096
 # What a hostile but authenticated client may provoke; never `internal`.

@@ -1,4 +1,4 @@
-"""`user_message`, `steer` and `answer` are idempotent by (conversation_id, id), durably (SPEC §6):
+"""`user_message`, `steer` and `answer` are idempotent by (conversation_id, id), durably (docs/wire-protocol.md):
 a repeat — on the same connection, after a reconnect, after a server restart — is acked
 `duplicate` and does nothing. "Nothing" is shown by the next message: it starts turn t2, and the
 durable log holds exactly one turn per distinct message id."""

@@ -2,9 +2,9 @@
 
 - SIGKILL in the middle of a streaming answer, restart on the same SQLite file: the client resumes
   from its last seq with every durable event intact, every event it saw is in the log, and the
-  cut turn ends exactly once (the streamed answer is salvaged, SPEC §5 Faults).
+  cut turn ends exactly once (the streamed answer is salvaged, docs/design.md#recovery).
 - SIGTERM: clients get close 1012, the process exits cleanly, and a fresh server on the same store
-  lets them resume with no gap and no duplicate (SPEC §6 Drain, Resume).
+  lets them resume with no gap and no duplicate (docs/wire-protocol.md#10-delivery-idempotency-resume-multiplexing).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from protocol.frames import CloseCode
-from tests.e2e import ServeProcess, as_frames, check_log, client, comparable, read_log, slow_answer_script
+from tests.e2e import ServeProcess, as_frames, check_log, comparable, read_log, slow_answer_script
+from tests.kit import client
 
 pytestmark = pytest.mark.slow
 

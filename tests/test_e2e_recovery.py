@@ -1,4 +1,4 @@
-"""A turn cut by a server going away resumes on a fresh server over the same store (SPEC §5 Faults),
+"""A turn cut by a server going away resumes on a fresh server over the same store (docs/design.md#recovery),
 in-process: the server drains (as on SIGTERM) in the middle of a round, a new one starts on the
 same SQLite file, and the client that re-subscribes from its last seq sees the turn end exactly once.
 (`test_e2e_process.py` does the same with real processes, SIGKILL and SIGTERM.)"""

@@ -1,14 +1,15 @@
-"""Resume and fan-out (SPEC §6, guarantee 5): a client that loses its connection in the middle of a
+"""Resume and fan-out (docs/wire-protocol.md; guarantee 5 of docs/design.md#guarantees): a client that loses its connection in the middle of a
 streaming answer reconnects, subscribes with the last seq it saw, and ends up with exactly the
 events of a client that never disconnected — seq 1..N, no gap, no duplicate, the same (event, data).
 Two connections watching one conversation receive identical sequences, and keep watching across
-a passivation (SPEC §5)."""
+a passivation (docs/design.md#hosting)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from tests.e2e import as_frames, check_log, comparable, local_server, slow_answer_script, wait_until
+from tests.e2e import as_frames, check_log, comparable, local_server, slow_answer_script
+from tests.kit import wait_until
 
 
 async def test_abrupt_disconnect_mid_answer_then_resubscribe_from_last_seq_loses_and_duplicates_nothing(

@@ -1,4 +1,4 @@
-"""Slow consumers (SPEC §6): a client that stops reading gets `slow_consumer` with the last seq
+"""Slow consumers (docs/wire-protocol.md): a client that stops reading gets `slow_consumer` with the last seq
 delivered to it, while a fast client on the same conversation receives the whole turn; the slow
 one re-subscribes from that seq — as often as it is told to — and loses nothing, duplicates nothing.
 """
@@ -8,7 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tests.e2e import Client, action, call, check_log, complete, local_server, script, text_round, thinking
+from tests.e2e import action, call, check_log, complete, local_server, script, text_round, thinking
+from tests.kit import Client
 
 QUEUE_FRAMES = 20
 # ~100 answer.delta events of 2 KiB (no coalescing), then round.completed and turn.completed

@@ -1,4 +1,4 @@
-"""protocol/frames.py: the wire frames of reactgate.v1 (SPEC §6), decoded and encoded without I/O."""
+"""protocol/frames.py: the wire frames of reactgate.v1 (docs/wire-protocol.md), decoded and encoded without I/O."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Hostile input over a real socket: junk bytes, binary frames, wrong types, missing fields, huge
 strings, deep nesting. Each gets an error frame or a documented close code, never a crash, while a
-well-behaved client on another connection keeps working (SPEC §6 "Bad input")."""
+well-behaved client on another connection keeps working (docs/wire-protocol.md#11-limits-slow-consumers-drain)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from websockets.exceptions import ConnectionClosed
 
 from protocol.frames import CloseCode, ErrorCode
 from tests.frame_strategies import fields, json_values
-from tests.gateway_harness import Client, Harness, running
+from tests.gateway_harness import Harness, running
+from tests.kit import Client
 
 MAX_FRAME = 4096
 # Codes a hostile but authenticated client may legitimately provoke; never `internal`.

@@ -1,4 +1,4 @@
-"""The gateway over a real socket (SPEC §6): every frame type, every client-reachable error code,
+"""The gateway over a real socket (docs/wire-protocol.md): every frame type, every client-reachable error code,
 the close codes, ownership, slow consumers, drain, and the HTTP endpoints.
 
 Run against `tests/fake_backend.py`, an in-memory Backend: these are the gateway's edge tests,
@@ -17,13 +17,14 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from actors.hosting import Answer, Cancel, Command, SetMode, Steer, UserMessage
+from actors.hosting.backend import Answer, Cancel, Command, SetMode, Steer, UserMessage
 from gateway.server import GatewayServer
 from gateway.session import FORBIDDEN_MESSAGE, Session
 from gateway.settings import BindRefused, Settings
 from protocol.frames import CloseCode, ErrorCode
 from tests.fake_backend import BOOM
-from tests.gateway_harness import PROTO, TIMEOUT, Client, http_get, running
+from tests.gateway_harness import running
+from tests.kit import PROTO, TIMEOUT, Client, http_get
 
 SECRET = "test-secret-for-hs256-at-least-32-bytes!"
 
@@ -74,7 +75,7 @@ async def test_subscribe_acks_then_replays_after_seq_then_streams_live() -> None
         ack = await c.request(type="subscribe", id="s1", conversation_id=cid, after_seq=2)
         assert ack == {"type": "ack", "id": "s1", "status": "accepted", "conversation_id": cid,
                        "last_seq": 5, "after_seq": 2}
-        assert c.events == []  # open does not subscribe, and the ack comes before the stream
+        assert c.events == {}  # open does not subscribe, and the ack comes before the stream
         assert [e["seq"] for e in await c.events_until(cid, 5)] == [3, 4, 5]
         await h.backend.emit(cid, 2)
         events = await c.events_until(cid, 7)
@@ -103,7 +104,7 @@ async def test_unsubscribe_stops_the_stream() -> None:
         await h.backend.emit(a, 3)
         await h.backend.emit(b, 1)
         await c.events_until(b, 1)
-        assert [e for e in c.events if e["conversation_id"] == a] == []
+        assert c.events.get(a, []) == []
         (session,) = h.server.sessions
         assert not session.watching(a) and session.watching(b)
 
@@ -175,7 +176,7 @@ async def test_a_failed_backend_stream_resumes_without_gap_or_duplicate() -> Non
         await c.events_until(cid, 6)
         await h.backend.emit(cid, 3)
         assert [e["seq"] for e in await c.events_until(cid, 9)] == list(range(1, 10))
-        assert h.backend.stream_faults == 0 and c.unsolicited == []
+        assert h.backend.stream_faults == 0 and c.others == []
 
 
 async def test_a_stream_that_keeps_failing_ends_with_internal_and_last_seq(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -190,7 +191,7 @@ async def test_a_stream_that_keeps_failing_ends_with_internal_and_last_seq(monke
         error = await c.reply(None)
         assert (error["code"], error["conversation_id"], error["last_seq"]) == ("internal", cid, 3)
         assert "host lost" not in error["message"]
-        assert [e["seq"] for e in c.events] == [1, 2, 3]
+        assert c.seqs(cid) == [1, 2, 3]
 
 
 # -- bad input -----------------------------------------------------------------------------------
@@ -420,13 +421,13 @@ async def test_a_slow_consumer_is_paused_and_resumes_without_loss_while_a_fast_o
 
             # The fast client got everything, in order, and was never paused.
             assert [e["seq"] for e in await fast.events_until(cid, last)] == list(range(1, last + 1))
-            assert fast.unsolicited == []
+            assert fast.others == []
 
             # The slow one reads on: a contiguous prefix, then slow_consumer naming its end.
             ws.transport.resume_reading()
             error = await slow.reply(None)
             assert error["code"] == ErrorCode.SLOW_CONSUMER and error["conversation_id"] == cid
-            got = [e["seq"] for e in slow.events]
+            got = slow.seqs(cid)
             assert got == list(range(1, error["last_seq"] + 1))
             assert error["last_seq"] < last
 
@@ -436,7 +437,7 @@ async def test_a_slow_consumer_is_paused_and_resumes_without_loss_while_a_fast_o
             rest = await slow.events_until(cid, last)
             assert [e["seq"] for e in rest] == list(range(error["last_seq"] + 1, last + 1))
             await slow.request(type="ping")
-            assert [e["seq"] for e in slow.events] == list(range(error["last_seq"] + 1, last + 1))
+            assert slow.seqs(cid) == list(range(error["last_seq"] + 1, last + 1))
 
 
 async def test_a_pipelining_client_is_not_mistaken_for_a_slow_one() -> None:

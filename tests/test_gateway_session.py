@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from actors.hosting import Owner
+from actors.hosting.backend import Owner
 from gateway.metrics import GatewayMetrics
 from gateway.session import CONTROL_HEADROOM, Session
 from gateway.settings import Settings
 from protocol.frames import CloseCode, ErrorCode, Pong
 from tests.fake_backend import FakeBackend
-from tests.gateway_harness import wait_until
+from tests.kit import wait_until
 
 OWNER = Owner(tenant="acme", sub="alice")
 

@@ -1,4 +1,4 @@
-"""The HTTP path (SPEC §7): LiteLLM's `openai/` provider against `reactgate mock-llm` over real HTTP on
+"""The HTTP path (docs/design.md#scripted-model): LiteLLM's `openai/` provider against `reactgate mock-llm` over real HTTP on
 loopback yields the same events as the `scripted/` custom provider for the same script."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ CONTINUED = thinking("Paris reports rain.") + (
 SCRIPT = rounds_script(
     {**tool_round("demo.weather", say="Checking the weather in Paris.", city="Paris"), "chunk_chars": 3},
     text_round(CONTINUED[:70], finish_reason="length", chunk_chars=7),   # cut inside the answer …
-    text_round(CONTINUED[70:], chunk_chars=5),                            # … and continued (SPEC §4.8)
+    text_round(CONTINUED[70:], chunk_chars=5),                            # … and continued (docs/design.md#continuation)
 )
 
 

@@ -1,4 +1,4 @@
-"""`reactgate mock-llm`: the same scripts over HTTP, for LiteLLM's `openai/` provider (SPEC §7).
+"""`reactgate mock-llm`: the same scripts over HTTP, for LiteLLM's `openai/` provider (docs/design.md#scripted-model).
 
 The HTTP path must be indistinguishable from the custom provider for `stream_model`: same deltas,
 same finish reasons, same error kinds.

@@ -1,4 +1,4 @@
-"""The scripted model (SPEC §7): the script format, and the LiteLLM custom provider playing it.
+"""The scripted model (docs/design.md#scripted-model): the script format, and the LiteLLM custom provider playing it.
 
 Provider tests go through `litellm.acompletion(stream=True)` — the real LiteLLM streaming path.
 """

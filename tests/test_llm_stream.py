@@ -1,4 +1,4 @@
-"""`stream_model` — the single entry for model calls: deltas, provider fallback, errors (SPEC §4.8)."""
+"""`stream_model` — the single entry for model calls: deltas, provider fallback, errors (docs/design.md#continuation)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Agent profiles (SPEC §9): the demo profile, defaults, and bad profiles as clear start-up errors."""
+"""Agent profiles (docs/design.md#profiles): the demo profile, defaults, and bad profiles as clear start-up errors."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ DEMO_TOOLS = [
     "demo.fail", "demo.eval", "demo.focus_project", "demo.open_tab", "react.ask_user",
 ]
 
-# SPEC §9, [policies] "defaults shown".
-SPEC_DEFAULTS = {
+# docs/design.md#profiles, [policies] "defaults shown".
+DOCUMENTED_DEFAULTS = {
     "max_actions_per_round": 2, "max_iterations": 15, "max_protocol_retries": 3, "finish_policy": "observe",
     "exploration_soft_cap": 7, "ask_user_timeout_s": 300, "tool_timeout_s": 30, "auto_continue_max": 2,
     "context_budget_tokens": 32000, "flush_interval_ms": 25,
@@ -57,8 +57,8 @@ def test_demo_profile_loads_against_the_demo_tools() -> None:
 
 
 def test_policy_defaults_are_the_spec_defaults() -> None:
-    assert Policies().model_dump() == SPEC_DEFAULTS
-    assert demo_profile().policies.model_dump() == SPEC_DEFAULTS
+    assert Policies().model_dump() == DOCUMENTED_DEFAULTS
+    assert demo_profile().policies.model_dump() == DOCUMENTED_DEFAULTS
 
 
 def test_spec_example_loads_with_its_overrides() -> None:
@@ -75,7 +75,7 @@ def test_initial_state_defaults_to_the_first_state() -> None:
 
 
 def test_a_tool_less_agent_defaults_to_allow_no_tool() -> None:
-    """SPEC §4.1: `observe` is the default *when the agent has tools*."""
+    """docs/design.md#observe-before-finish: `observe` is the default *when the agent has tools*."""
     assert load_profile(MINIMAL, known_tools=None).policies.finish_policy == "allow_no_tool"
     explicit = load_profile(MINIMAL + '[policies]\nfinish_policy = "observe"\n', known_tools=None)
     assert explicit.policies.finish_policy == "observe"

@@ -1,4 +1,4 @@
-"""The action schema and its incremental decoder (SPEC §2): one decoder, any chunking."""
+"""The action schema and its incremental decoder (docs/design.md#decision-protocol): one decoder, any chunking."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tests.roundkit import chunks
 COMPLETE = {"action": "complete", "final_answer": "Paris is rainy."}
 CALL = {"action": "call_tool", "tool_call": {"tool_id": "demo.weather", "params": {"city": "Paris"}}}
 
-# Every accepted habit of §2: ``` / ```json / ```JSON, newline after the opener or not, any whitespace.
+# Every accepted fence habit (docs/design.md#decision-protocol): ``` / ```json / ```JSON, newline after the opener or not, any whitespace.
 FENCE_HABITS = {
     "bare": ("", ""),
     "bare_with_whitespace": (" \n ", " \n"),

@@ -1,4 +1,4 @@
-"""The channel parser and the prefix policy (SPEC §2): block-level tags only, any chunking."""
+"""The channel parser and the prefix policy (docs/design.md#decision-protocol): block-level tags only, any chunking."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""JsonStream: one incremental parse that must agree with `json.loads` at any chunking (SPEC §2)."""
+"""JsonStream: one incremental parse that must agree with `json.loads` at any chunking (docs/design.md#decision-protocol)."""
 
 from __future__ import annotations
 

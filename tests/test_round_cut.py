@@ -1,4 +1,4 @@
-"""A round cut from outside (provider error, crash) is not the model's mistake (SPEC §3.5, guarantee 4)."""
+"""A round cut from outside (provider error, crash) is not the model's mistake (docs/design.md#notices, guarantee 4)."""
 
 from __future__ import annotations
 

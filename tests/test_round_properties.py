@@ -1,4 +1,4 @@
-"""Hypothesis properties of the governed round (SPEC §2 "Delta-boundary invariance", §3.1, §3.3).
+"""Hypothesis properties of the governed round (docs/design.md#one-decoder, #gates, #streamed-state).
 
 Responses are generated valid and invalid: thinking with tag-like noise, one to three actions
 (tool calls with valid or invalid params, complete/exit with hostile answers), fence habits, junk

@@ -1,4 +1,4 @@
-"""The round's rules, one test per rule of SPEC §2–§3 (the incident fixtures live in
+"""The round's rules, one test per rule of docs/design.md#round (the incident fixtures live in
 test_round_incidents.py, the generated properties in test_round_properties.py)."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def lane(state: StreamedState, index: int) -> Lane:
     return state.lanes[index]
 
 
-# == §2 the decision protocol =======================================================================
+# == the decision protocol (#decision-protocol) =======================================================================
 
 
 def test_thinking_must_come_first() -> None:
@@ -155,7 +155,7 @@ def test_preamble_aborts_at_first_impossible_delta_and_ignores_the_rest() -> Non
     assert result.accepted == [] and result.calls == [] and result.thinking == ""
 
 
-# == §3.1 lanes and gates ===========================================================================
+# == lanes and gates (#gates) ===========================================================================
 
 
 def test_thinking_lane_streams_at_once() -> None:
@@ -287,7 +287,7 @@ def test_unknown_tool_is_tool_call_invalid() -> None:
 
 
 def test_tool_unavailable_in_state() -> None:
-    # As in the demo profile (§8): demo.write_note only in state `focused`.
+    # As in the demo profile (#demo-tools): demo.write_note only in state `focused`.
     catalog = rules().catalog.with_overrides(states={"demo.write_note": frozenset({"focused"})})
     _, result = play(T + action(call("demo.write_note", text="x")), rules(catalog=catalog, state="default"))
     assert codes(result) == [NoticeCode.TOOL_UNAVAILABLE]
@@ -341,7 +341,7 @@ def test_finalize_only_round_allows_complete() -> None:
     assert result.outcome is RoundOutcome.FINISH
 
 
-# the trait matrix (§3.1, §3.2)
+# the trait matrix (#trait-matrix, #traits)
 
 TRAIT_TOOLS = {trait: f"synthetic.{trait}" for trait in Trait}
 TRAIT_CATALOG = Catalog(ToolDecl(tool_id, trait=trait) for trait, tool_id in TRAIT_TOOLS.items())
@@ -417,7 +417,7 @@ def test_profile_trait_override_changes_the_verdict() -> None:
     assert result.outcome is RoundOutcome.FINISH
 
 
-# == §2 channels consistency / §3.4 post-stream validation ===========================================
+# == channels consistency, post-stream validation (#validation) ===========================================
 
 
 def test_code_only_with_uses_code_tool() -> None:
@@ -527,7 +527,7 @@ def test_denied_action_does_not_fail_validation() -> None:
     assert codes(result) == [NoticeCode.AFTER_FINAL]
 
 
-# == §3.3 streamed_state ===========================================================================
+# == streamed_state (#streamed-state) ===========================================================================
 
 
 def test_streamed_state_from_gate_counters() -> None:
@@ -561,7 +561,7 @@ def test_thinking_is_never_evidence_of_an_answer() -> None:
     }
 
 
-# == §3.5 notices ==================================================================================
+# == notices (#notices) ==================================================================================
 
 
 def test_notice_carries_code_index_tool_and_violations() -> None:

@@ -1,4 +1,4 @@
-"""SPEC §5 write-ahead rule across a crash: every append that returned survives SIGKILL of the process.
+"""docs/design.md#write-ahead across a crash: every append that returned survives SIGKILL of the process.
 
 A child process appends events for several conversations concurrently (so appends share group
 commits) and prints `conversation seq` after each append returned — the moment the runtime would

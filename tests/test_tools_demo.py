@@ -1,4 +1,4 @@
-"""The demo tools of SPEC §8, called through their registry entry (params model + handler)."""
+"""The demo tools of docs/design.md#demo-tools, called through their registry entry (params model + handler)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from actors.tools.registry import ToolContext, utc_now
 
 REGISTRY = demo_registry()
 
-# SPEC §8, as written there: tool_id → (trait, safety).
-SPEC_TABLE = {
+# docs/design.md#demo-tools, as written there: tool_id → (trait, safety).
+DOCUMENTED_TABLE = {
     "demo.search": (Trait.EXPLORATION, Safety.SAFE),
     "demo.weather": (Trait.EXPLORATION, Safety.SAFE),
     "demo.render": (Trait.EXPLOITATION, Safety.SAFE),
@@ -48,7 +48,7 @@ async def run(tool_id: str, params: dict[str, Any], context: ToolContext | None 
 
 def test_demo_catalog_matches_spec_table() -> None:
     catalog = REGISTRY.catalog()
-    assert {d.tool_id: (d.trait, d.safety) for d in catalog} == SPEC_TABLE
+    assert {d.tool_id: (d.trait, d.safety) for d in catalog} == DOCUMENTED_TABLE
 
 
 def test_only_eval_uses_code() -> None:

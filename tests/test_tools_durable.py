@@ -1,4 +1,4 @@
-"""A tool call whose result is durable is never executed again (SPEC §5 Faults)."""
+"""A tool call whose result is durable is never executed again (docs/design.md#recovery)."""
 
 from __future__ import annotations
 

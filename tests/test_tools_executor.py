@@ -1,4 +1,4 @@
-"""LocalToolExecutor: every call gets exactly one observation (SPEC §4.2, §4.3, §5 ToolPool)."""
+"""LocalToolExecutor: every call gets exactly one observation (docs/design.md#observations, #exploration-budget, #tool-pool)."""
 
 from __future__ import annotations
 
@@ -167,7 +167,7 @@ async def test_malformed_ui_commands_become_tool_error() -> None:
     assert obs.error == "tool_error"
 
 
-# --- exploration budget (SPEC §4.3) --------------------------------------------------------
+# --- exploration budget (docs/design.md#exploration-budget) --------------------------------------------------------
 
 
 async def test_exploration_over_cap_is_not_executed_and_not_counted() -> None:
@@ -220,7 +220,7 @@ async def test_profile_trait_override_decides_what_counts() -> None:
     assert ex.exploration_count("conv") == 1
 
 
-# --- batch trait re-check (SPEC §3.1, defense in depth) ------------------------------------
+# --- batch trait re-check (docs/design.md#gates, defense in depth) ------------------------------------
 
 
 async def test_exploitation_after_exploration_in_one_batch_is_refused_and_not_run() -> None:
@@ -307,7 +307,7 @@ async def test_conversations_do_not_share_a_per_conversation_cap() -> None:
     assert probe.peak == 4
 
 
-# --- cancellation (steer, SPEC §4.9) -------------------------------------------------------
+# --- cancellation (steer, docs/design.md#steer) -------------------------------------------------------
 
 
 async def test_cancellation_propagates_out_of_execute_batch() -> None:

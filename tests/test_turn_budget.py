@@ -1,4 +1,4 @@
-"""The exploration budget and its confirmation protocol (SPEC §4.3) and ask_user (§4.4), through LiteLLM."""
+"""The exploration budget and its confirmation protocol (docs/design.md#exploration-budget) and ask_user (#ask-user), through LiteLLM."""
 
 from __future__ import annotations
 

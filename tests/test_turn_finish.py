@@ -1,6 +1,6 @@
-"""The turn's ending rules, each driven by a script through LiteLLM: observe before finish (SPEC §4.1),
-every tool call gets an observation (§4.2), the iteration limit (§4.7) and the protocol-retry
-limit (§3.4)."""
+"""The turn's ending rules, each driven by a script through LiteLLM: observe before finish (docs/design.md#observe-before-finish),
+every tool call gets an observation (#observations), the iteration limit (#limits) and the protocol-retry
+limit (#validation)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Auto-continuation on `length` and provider fallback (SPEC §4.8), through LiteLLM with scripted models."""
+"""Auto-continuation on `length` and provider fallback (docs/design.md#continuation), through LiteLLM with scripted models."""
 
 from __future__ import annotations
 

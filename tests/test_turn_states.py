@@ -1,5 +1,5 @@
-"""States and the availability matrix (SPEC §4.5), ask mode (§4.6), UI commands (§4.12), uses_code,
-and the event-log invariants (§6), each through LiteLLM with a scripted model."""
+"""States and the availability matrix (docs/design.md#states), ask mode (#ask-mode), UI commands (#ui-commands), uses_code,
+and the event-log invariants (#event-log), each through LiteLLM with a scripted model."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Steer (SPEC §4.9), follow-ups (§4.10) and cancel, through LiteLLM with scripted models.
+"""Steer (docs/design.md#steer), follow-ups (#follow-ups) and cancel, through LiteLLM with scripted models.
 
 Slow scripts (`delay_ms`) keep a generation or tool wait in flight; the test acts when the event
 that proves it is in flight is published, never after a guessed sleep.

@@ -2,7 +2,7 @@
 
 LiteLLM is imported lazily (≈3 s, ≈200 MB) and only after the cost map is pinned to the local
 copy: without `LITELLM_LOCAL_MODEL_COST_MAP` it fetches one from the internet at import and
-stalls for seconds offline (SPEC §9). This must run before anything imports litellm, so it
+stalls for seconds offline (docs/design.md#fallback). This must run before anything imports litellm, so it
 lives in the package's `__init__`.
 """
 

@@ -1,4 +1,4 @@
-"""`reactgate mock-llm --script F`: the scripted model as an OpenAI-compatible HTTP endpoint (SPEC §7).
+"""`reactgate mock-llm --script F`: the scripted model as an OpenAI-compatible HTTP endpoint (docs/design.md#scripted-model).
 
 It lets the HTTP path be tested end to end: LiteLLM's `openai/NAME` provider with
 `api_base=http://HOST:PORT/v1` streams the same deltas the `scripted/` custom provider streams for

@@ -1,4 +1,4 @@
-"""The scripted model as a LiteLLM custom provider: `scripted/<name>` plays script <name> (SPEC §7).
+"""The scripted model as a LiteLLM custom provider: `scripted/<name>` plays script <name> (docs/design.md#scripted-model).
 
 Tests and demos go through the real LiteLLM streaming path (`acompletion(stream=True)` →
 `CustomStreamWrapper`), so what they exercise is what a real provider exercises.

@@ -1,4 +1,4 @@
-"""The scripted model's script (SPEC §7): what the model answers to the i-th call of a conversation.
+"""The scripted model's script (docs/design.md#scripted-model): what the model answers to the i-th call of a conversation.
 
 A script is data, validated once when loaded; both players — the LiteLLM custom provider
 (`scripted.py`) and the OpenAI-compatible mock endpoint (`mock_server.py`) — read the same
@@ -66,7 +66,7 @@ ERROR_TABLE: Mapping[ErrorKind, tuple[int, str]] = {
 
 
 class ScriptError(ValueError):
-    """A script file that does not match SPEC §7; the message names the file and the field."""
+    """A script file that does not match the script format (docs/design.md#scripted-model); the message names the file and the field."""
 
 
 class ScriptExhausted(LookupError):
@@ -87,7 +87,7 @@ class Round(BaseModel):
     """One model call's answer: deltas as given, or text cut into `chunk_chars` pieces, or an error.
 
     `error` together with `deltas`/`text` streams the content first and then fails — a
-    mid-stream provider error (SPEC §4.8); `error` alone fails before any chunk (after `delay_ms`,
+    mid-stream provider error (docs/design.md#fallback); `error` alone fails before any chunk (after `delay_ms`,
     so a slow failure can be scripted too).
     """
 

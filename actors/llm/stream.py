@@ -1,8 +1,8 @@
 """The single entry for every model call: ordered models, provider fallback, raw deltas out.
 
-`stream_model` is the async iterator of model deltas the round engine consumes (SPEC §1): it
+`stream_model` is the async iterator of model deltas the round engine consumes (docs/design.md#overview): it
 yields `ModelDelta`s as LiteLLM streams them, a `ModelFallback` when a provider fails before its
-first delta and the next model takes over (SPEC §4.8), and a final `ModelFinished`. An error
+first delta and the next model takes over (docs/design.md#fallback), and a final `ModelFinished`. An error
 after the first delta is raised, never fallen back from: the user may already have seen part of
 the answer, and salvage is the round's decision, made from its gates' counters.
 
@@ -77,7 +77,7 @@ class ProviderError(Exception):
 #   100 identical consecutive chunks (> 2 chars). Identical chunks are legitimate (scripted load
 #   tests, a ruler of dashes); a runaway model is bounded by max_tokens and our iteration limits.
 # Not set, on purpose: `disable_token_counter` — it makes `litellm.token_counter` return 0, and
-# context assembly (SPEC §4.11) counts tokens with it. LiteLLM registers no callbacks by default.
+# context assembly (docs/design.md#context) counts tokens with it. LiteLLM registers no callbacks by default.
 LEAN_SETTINGS: dict[str, object] = {
     "suppress_debug_info": True,
     "turn_off_message_logging": True,

@@ -1,4 +1,4 @@
-"""The built-in demo tools of SPEC §8: deterministic, no network, one per rule they exercise.
+"""The built-in demo tools (docs/design.md#demo-tools): deterministic, no network, one per rule they exercise.
 
 Clock: `demo.clock` reads `ToolContext.clock`, whose default is the real UTC time. Tests and
 scripted demos that need a fixed timestamp inject `fixed_clock()` (2026-01-01T00:00:00Z) through
@@ -199,7 +199,7 @@ class AskUserParams(Params):
 
 
 async def ask_user(params: AskUserParams, ctx: ToolContext) -> dict[str, Any]:
-    # The turn intercepts react.ask_user and pauses (SPEC §4.4); reaching here is a routing bug.
+    # The turn intercepts react.ask_user and pauses (docs/design.md#ask-user); reaching here is a routing bug.
     raise RuntimeError("react.ask_user is handled by the turn and must never be executed")
 
 

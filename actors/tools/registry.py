@@ -1,4 +1,4 @@
-"""Tool definitions and the registry that turns them into a catalog (SPEC §3.2, §8).
+"""Tool definitions and the registry that turns them into a catalog (docs/design.md#traits, #demo-tools).
 
 A tool is its declaration (what the gates decide from), a params model (what a valid call looks
 like) and an async handler (what running it does). The gates only ever see the declarations;
@@ -56,7 +56,7 @@ class Tool(Generic[P]):
     """One tool: its declaration, its params model and its handler.
 
     A handler returns the result JSON. It may put a `ui_commands` list in it; the executor moves
-    that list to `Observation.ui_commands` (SPEC §4.12). Raising is how a handler reports failure.
+    that list to `Observation.ui_commands` (docs/design.md#ui-commands). Raising is how a handler reports failure.
     """
 
     tool_id: str
@@ -115,7 +115,7 @@ class ToolRegistry:
         """The params model instance, or the violations that name what is wrong.
 
         Violations go back to the model as corrective feedback, so they name fields and rules
-        but never quote a rejected value (SPEC §3.6 "no echo of rejected parameters").
+        but never quote a rejected value (docs/design.md#timeline "no echo of rejected parameters").
         """
         tool = self._tools.get(tool_id)
         if tool is None:
