@@ -12,7 +12,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 
 from actors.conversation import Runtime
-from actors.hosting.backend import AckStatus, Command, Opened, Owner, SetMode, UnknownAgent
+from actors.hosting.backend import AckStatus, Command, Opened, Owner, SetMode
 from actors.hosting.host import HostCore
 from actors.hosting.owners import Owners
 from actors.hosting.subscription import replay_then_live
@@ -20,6 +20,7 @@ from actors.llm.stream import warm_up
 from actors.profile import AgentProfile
 from actors.store import Store
 from protocol.events import Event
+from protocol.frames import Mode
 
 
 class LocalBackend:
@@ -50,19 +51,16 @@ class LocalBackend:
         await self.store.close()
 
     async def open(self, owner: Owner, conversation_id: str | None, agent: str | None, mode: str | None) -> Opened:
-        if conversation_id is None:
-            name = agent or self.default_agent
-            if name not in self.profiles:
-                raise UnknownAgent(name)
-            conversation_id = await self.owners.create(owner, name, self.clock())
-        else:
-            await self.owners.check(owner, conversation_id)
+        conversation_id, created = await self.owners.open(
+            owner, conversation_id, agent, served=self.profiles, default_agent=self.default_agent, now=self.clock(),
+        )
+        if not created:
             # Re-opening (and subscribing: the gateway opens first) re-activates the conversation, so
             # a turn cut by a crash or a drain resumes from the store now, not at the next command
             # (docs/design.md#passivation, docs/design.md#recovery).
             await self.host.activate(conversation_id)
         if mode is not None:
-            await self.host.command(conversation_id, SetMode(id=f"open-{uuid.uuid4().hex}", mode=mode))  # type: ignore[arg-type]
+            await self.host.command(conversation_id, SetMode(id=f"open-{uuid.uuid4().hex}", mode=Mode(mode)))
         return Opened(conversation_id, await self.store.last_seq(conversation_id))
 
     async def command(self, owner: Owner, conversation_id: str, command: Command) -> AckStatus:

@@ -7,8 +7,9 @@ a conversation gets `Forbidden`, whether or not it exists.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Container
 
-from actors.hosting.backend import Forbidden, Owner
+from actors.hosting.backend import Forbidden, Owner, UnknownAgent
 from actors.store import Store
 
 MAX_CACHED = 100_000
@@ -31,6 +32,20 @@ class Owners:
         await self._store.create_conversation(cid, owner, agent, now)
         self._cache[cid] = (owner, agent)
         return cid
+
+    async def open(
+        self, owner: Owner, conversation_id: str | None, agent: str | None, *,
+        served: Container[str], default_agent: str, now: float,
+    ) -> tuple[str, bool]:
+        """`open`'s ownership half, for both backends: (conversation id, created). No id creates a
+        conversation of `agent` (UnknownAgent unless served); an id must be the caller's (Forbidden)."""
+        if conversation_id is not None:
+            await self.check(owner, conversation_id)
+            return conversation_id, False
+        name = agent or default_agent
+        if name not in served:
+            raise UnknownAgent(name)
+        return await self.create(owner, name, now), True
 
     async def agent_of(self, conversation_id: str) -> str | None:
         found = self._cache.get(conversation_id) or await self._store.conversation_owner(conversation_id)

@@ -25,7 +25,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from actors.hosting.backend import AckStatus, Command, Opened, Owner, SetMode, UnknownAgent
+from actors.hosting.backend import AckStatus, Command, Opened, Owner, SetMode
 from actors.hosting.owners import Owners
 from actors.hosting.placement import NoLiveHost
 from actors.hosting.subscription import replay_then_live
@@ -36,6 +36,7 @@ from actors.ray.names import DIRECTORY_NAME, NAMESPACE, TOOL_POOL_NAME, get_or_c
 from actors.ray.tool_pool import ToolPoolActor
 from actors.store import Store, store_from_url
 from protocol.events import Event
+from protocol.frames import Mode
 
 log = logging.getLogger("reactgate.ray.backend")
 
@@ -143,18 +144,15 @@ class RayBackend:
     # -- Backend ---------------------------------------------------------------------------------
 
     async def open(self, owner: Owner, conversation_id: str | None, agent: str | None, mode: str | None) -> Opened:
-        if conversation_id is None:
-            name = agent or self.default_agent
-            if name not in self.profiles:
-                raise UnknownAgent(name)
-            conversation_id = await self.owners.create(owner, name, time.time())
-        else:
-            await self.owners.check(owner, conversation_id)
+        conversation_id, created = await self.owners.open(
+            owner, conversation_id, agent, served=self.profiles, default_agent=self.default_agent, now=time.time(),
+        )
+        if not created:
             # Re-opening (the gateway also opens before each subscribe) activates the conversation,
             # so a turn cut by a crash resumes now, not at the next command (docs/design.md#recovery).
             await self._call(conversation_id, "activate")
         if mode is not None:
-            await self._call(conversation_id, "command", SetMode(id=f"open-{uuid.uuid4().hex}", mode=mode))  # type: ignore[arg-type]
+            await self._call(conversation_id, "command", SetMode(id=f"open-{uuid.uuid4().hex}", mode=Mode(mode)))
         return Opened(conversation_id, await self.store.last_seq(conversation_id))
 
     async def command(self, owner: Owner, conversation_id: str, command: Command) -> AckStatus:
