@@ -234,6 +234,28 @@ async def test_resubscribe_after_last_seen_seq_has_no_gap_and_no_duplicate(backe
     assert union[-1].event == "turn.completed"
 
 
+async def test_back_to_back_resubscriptions_keep_the_live_feed(backend: Any) -> None:
+    # A subscription that ends while the next one starts must not unwatch the host under the new one
+    # (on Ray an async actor may run the old unwatch after the new watch). Many handoffs mid-stream.
+    cid = await _open(backend, "weather")
+    watch = Watch(backend, cid)
+    await backend.command(OWNER, cid, UserMessage("m1", "weather?"))
+    await watch.until_event("answer.delta")
+    union: list[Event] = []
+    for _ in range(12):
+        await watch.until(lambda evs: len(evs) >= 1)
+        watch.task.cancel()                              # ends now; the next starts in the same tick
+        union += watch.events
+        watch = Watch(backend, cid, after=union[-1].seq)
+        if union[-1].event == "turn.completed":
+            break
+    await watch.until(lambda evs: any(e.event == "turn.completed" for e in union + evs))
+    await watch.stop()
+    union += watch.events
+    assert contiguous(union)
+    assert union[-1].event == "turn.completed"
+
+
 async def test_two_watchers_receive_identical_sequences(backend: Any) -> None:
     cid = await _open(backend, "weather")
     a, b = Watch(backend, cid), Watch(backend, cid)

@@ -96,6 +96,7 @@ class RayBackend:
         self._routes: dict[str, str] = {}                # conversation → host name (a cache)
         self._links: dict[str, _HostLink] = {}
         self._listeners: dict[str, list[Listener]] = {}
+        self._watch_locks: dict[str, asyncio.Lock] = {}   # conversation → orders its watch/unwatch calls
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -230,7 +231,16 @@ class RayBackend:
                 last = exc
         raise RuntimeError(f"no host could take conversation {conversation_id}") from last
 
+    def _watch_lock(self, conversation_id: str) -> asyncio.Lock:
+        """Watch and unwatch of one conversation run one at a time, so a subscription that ends
+        while another starts can never unwatch the host under the new one."""
+        return self._watch_locks.setdefault(conversation_id, asyncio.Lock())
+
     async def _watch(self, conversation_id: str) -> None:
+        async with self._watch_lock(conversation_id):
+            await self._watch_host(conversation_id)
+
+    async def _watch_host(self, conversation_id: str) -> None:
         for _ in range(ROUTE_ATTEMPTS):
             name, handle = await self._host_for(conversation_id)
             try:
@@ -253,12 +263,18 @@ class RayBackend:
         raise RuntimeError(f"could not watch conversation {conversation_id}")
 
     async def _unwatch(self, conversation_id: str) -> None:
-        name = self._routes.get(conversation_id)
-        link = self._links.get(name) if name else None
-        if link is not None and conversation_id in link.watched:
-            link.watched.discard(conversation_id)
-            with contextlib.suppress(RayActorError, RayTaskError):
-                await link.handle.unwatch.remote(self.gateway_id, conversation_id)
+        lock = self._watch_lock(conversation_id)
+        async with lock:
+            if self._listeners.get(conversation_id):
+                return  # a new subscription attached meanwhile: it needs the host's feed
+            name = self._routes.get(conversation_id)
+            link = self._links.get(name) if name else None
+            if link is not None and conversation_id in link.watched:
+                link.watched.discard(conversation_id)
+                with contextlib.suppress(RayActorError, RayTaskError):
+                    await link.handle.unwatch.remote(self.gateway_id, conversation_id)
+        if not lock.locked() and not self._listeners.get(conversation_id):
+            self._watch_locks.pop(conversation_id, None)
 
     async def _host_failed(self, link: _HostLink) -> None:
         """Report the death, forget the routes through it, and re-watch what we watched there."""
