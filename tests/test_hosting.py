@@ -19,6 +19,7 @@ import pytest
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 import ray
+from ray.exceptions import ActorUnavailableError
 
 from actors.conversation import Runtime
 from actors.hosting.backend import Answer, Owner, SetMode, UserMessage
@@ -387,7 +388,20 @@ async def test_tool_pool_killed_in_flight_calls_get_error_observations_and_count
     done = next(e for e in watch.events if e.event == "turn.completed")
     assert done.data.reason == "complete"
     restarted = ray.get_actor(TOOL_POOL_NAME, namespace=NAMESPACE)
-    assert (await restarted.workspace.remote(cid))["exploration"] == 1  # durable across the restart
+    # The turn may end (its observation is the failure) before Ray has finished the restart.
+    workspace = await _until_available(lambda: restarted.workspace.remote(cid))
+    assert workspace["exploration"] == 1  # durable across the restart
+
+
+async def _until_available(call: Callable[[], Any], timeout: float = 30.0) -> Any:
+    """The answer of an actor that may still be restarting (a condition, bounded: no fixed sleep)."""
+    async def attempt() -> Any:
+        while True:
+            try:
+                return await call()
+            except ActorUnavailableError:
+                await asyncio.sleep(0.05)
+    return await asyncio.wait_for(attempt(), timeout)
 
 
 async def _until(probe: Callable[[], Any], predicate: Callable[[Any], bool], timeout: float = 30.0) -> None:
