@@ -122,6 +122,10 @@ class Conversation:
         return self.profile.policies
 
     @property
+    def profile_models(self) -> Sequence[str]:
+        return self.profile.models
+
+    @property
     def catalog(self) -> Catalog:
         return self._catalog
 
@@ -226,10 +230,12 @@ class Conversation:
     def validate_params(self, tool_id: str, params: Mapping[str, object]) -> list[str]:
         return self.runtime.registry.validate_params(tool_id, params)[1]
 
-    def stream(self, messages: list[dict[str, str]]) -> AsyncIterator[StreamItem]:
+    def stream(self, messages: list[dict[str, str]], models: Sequence[str] | None = None) -> AsyncIterator[StreamItem]:
+        """One model call: the profile's model and fallbacks, or `models` (a continuation that moved on)."""
         return self.runtime.stream_model(  # type: ignore[no-any-return]
-            self.profile.models, messages, conversation_id=self.conversation_id,
-            next_call_index=self._next_call_index, **self.runtime.model_kwargs,
+            tuple(models or self.profile.models), messages, conversation_id=self.conversation_id,
+            next_call_index=self._next_call_index, idle_timeout_s=self.policies.stream_idle_timeout_s,
+            **self.runtime.model_kwargs,
         )
 
     def _next_call_index(self) -> int:

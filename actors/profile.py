@@ -56,7 +56,8 @@ class Policies(BaseModel):
     exploration_soft_cap: PositiveInt = 7
     ask_user_timeout_s: PositiveSeconds = 300
     tool_timeout_s: PositiveSeconds = 30
-    auto_continue_max: NonNegativeInt = 2         # 0: never ask the model to continue
+    auto_continue_max: NonNegativeInt = 2         # per round, length cuts and connection cuts together; 0: never
+    stream_idle_timeout_s: PositiveSeconds = 60   # silence after the first delta that cuts the stream
     context_budget_tokens: PositiveInt = 32000
     flush_interval_ms: NonNegativeInt = 25        # 0: no coalescing
 

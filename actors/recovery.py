@@ -21,6 +21,7 @@ from actors.turn import Turn, TurnProgress
 from protocol.events import (
     AnswerDelta,
     Event,
+    Fallback,
     RoundCompleted,
     ThinkingDelta,
     ToolCalled,
@@ -57,6 +58,7 @@ def _adopt_started_turn(conv: Conversation, started: TurnStarted) -> None:
 def _recover_turn(conv: Conversation, current: TurnProgress, tail: Sequence[Event]) -> None:
     turn = Turn(conv, current)
     mine = [e.data for e in tail if getattr(e.data, "turn_id", None) == current.turn_id]
+    _count_model_calls(conv, current, tail)
     for data in mine:  # results the crash left after the checkpoint: recorded, never re-run
         if isinstance(data, ToolResult):
             turn.apply_durable_result(data)
@@ -65,16 +67,33 @@ def _recover_turn(conv: Conversation, current: TurnProgress, tail: Sequence[Even
         turn.complete_from_log(completed)
         conv.state.current = None
         return
-    cut_round = current.round_no + 1
+    # The round the crash cut: the one a cut resumed, the one streaming when the snapshot was
+    # taken (a command's save), or else the one after the last round-end checkpoint.
+    if current.cut is not None:
+        cut_round = current.cut.round_no
+    else:
+        cut_round = current.round_no if current.streaming else current.round_no + 1
+    if current.streaming and current.cut is None:
+        turn.round_no = cut_round - 1
     in_cut = [d for d in mine if getattr(d, "round", None) == cut_round]
     if not in_cut or any(isinstance(d, RoundCompleted) for d in in_cut):
         conv.state.current = turn.progress()
         return
-    ended = turn.apply_cut_round(
+    turn.apply_cut_round(
         thinking="".join(d.text for d in in_cut if isinstance(d, ThinkingDelta)),
         announced=[d for d in in_cut if isinstance(d, ToolCalled)],
         answer="".join(d.text for d in in_cut if isinstance(d, AnswerDelta)),
     )
-    conv.state.current = None if ended else turn.progress()
+    conv.state.current = turn.progress()
     # Saved now, not at the next checkpoint: what recovery recorded must not be lost to a second crash.
     conv.save()
+
+
+def _count_model_calls(conv: Conversation, current: TurnProgress, tail: Sequence[Event]) -> None:
+    """Model calls made after the snapshot, as the durable log shows them: one per round that
+    streamed, one per fallback. The scripted model plays "the i-th call", so a resumed turn must
+    not replay a call it already made (docs/design.md#scripted-model)."""
+    rounds = {(d.turn_id, d.round) for e in tail if isinstance(d := e.data, ThinkingDelta | AnswerDelta | ToolCalled)}
+    if current.streaming:
+        rounds.discard((current.turn_id, current.round_no))  # its call was made before the snapshot
+    conv.state.model_calls += len(rounds) + sum(isinstance(e.data, Fallback) for e in tail)

@@ -51,7 +51,7 @@ from protocol.events import (
     ThinkingDelta,
 )
 from protocol.notices import Notice, NoticeCode
-from protocol.prefix import PrefixPolicy
+from protocol.prefix import OPENING, PrefixPolicy
 
 # -- what a client may see, as the round streams -------------------------------------------------
 
@@ -66,6 +66,9 @@ class ToolCallReady:
 
 
 RoundEvent = ThinkingDelta | AnswerDelta | ToolCallReady
+
+# How many characters of a continuation are held back to tell a continuation from a restart.
+PROBE_CHARS = 24
 
 
 # -- the verdict -----------------------------------------------------------------------------------
@@ -97,6 +100,7 @@ class RoundResult:
     accepted: list[AcceptedAction]
     denied: list[DeniedAction]
     preamble_aborted: bool = False
+    partial: bool = False          # salvaged from a cut that could not be continued (#continuation)
 
     @property
     def answer_text(self) -> str:
@@ -108,6 +112,45 @@ class RoundResult:
             turn_id=turn_id, round=round_no, streamed_state=self.streamed_state, accepted=self.accepted,
             denied=self.denied, notices=self.notices, steered=steered,
         )
+
+
+class RestartCheck:
+    """Does a continuation continue? (docs/design.md#continuation)
+
+    A model asked to continue a cut response sometimes starts over instead. Fed into the round's
+    decoder, a restart would land inside the answer string and reach the user as answer text. The
+    continuation's first characters are held back until they show which it is: a restart opens a
+    new response (`<channel:thinking>`) or repeats the answer from its beginning.
+    """
+
+    __slots__ = ("_held", "_probe", "decided")
+
+    def __init__(self, answer_so_far: str) -> None:
+        self._probe = answer_so_far.lstrip()[:PROBE_CHARS]
+        self._held = ""
+        self.decided = False
+
+    def admit(self, delta: str) -> str | None:
+        """The text to feed now ("" while held); None: the continuation restarted."""
+        if self.decided:
+            return delta
+        self._held += delta
+        head = self._held.lstrip()
+        if len(head) < PROBE_CHARS and (OPENING.startswith(head) or self._probe.startswith(head)):
+            return ""  # still undecided
+        return self._decide(head)
+
+    def finish(self) -> str | None:
+        """End of the continuation's stream: release (or refuse) what is still held."""
+        return "" if self.decided else self._decide(self._held.lstrip())
+
+    def _decide(self, head: str) -> str | None:
+        self.decided = True
+        if head and (head.startswith(OPENING[: len(head)]) or (len(self._probe) >= PROBE_CHARS
+                                                            and head.startswith(self._probe))):
+            return None
+        held, self._held = self._held, ""
+        return held
 
 
 def interrupted_round(turn_id: str, round_no: int, notice: Notice) -> RoundCompleted:
@@ -159,6 +202,12 @@ class RoundEngine:
     def raw_text(self) -> str:
         """What the model wrote so far — only ever shown to a model after a steer (docs/design.md#steer)."""
         return "".join(self._raw)
+
+    def answer_text(self) -> str:
+        """The answer characters the user has seen so far in this round."""
+        return "".join(
+            "".join(self._answers.get(g.index, ()))[: g.emitted_chars] for g in self._gates if g.shows_answer
+        )
 
     @property
     def answer_streamed(self) -> bool:
@@ -392,9 +441,7 @@ class RoundEngine:
 
     def _result(self, outcome: RoundOutcome, notices: list[Notice], *, final: Finish | None = None,
                 preamble: bool = False) -> RoundResult:
-        answer_text = "".join(
-            "".join(self._answers.get(g.index, ()))[: g.emitted_chars] for g in self._gates if g.shows_answer
-        )
+        answer_text = self.answer_text()
         lanes = [Lane(g.index, _lane_name(g), str(g.status), g.emitted_chars) for g in self._gates]
         accepted = [AcceptedAction(c.index, str(c.action), c.tool_id) for c in self._accepted]
         denied = [

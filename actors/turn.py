@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from enum import StrEnum
 from typing import Any, Final, Protocol
@@ -26,6 +27,7 @@ from actors.llm.stream import ModelDelta, ModelFallback, ModelFinished, Provider
 from actors.profile import Policies
 from actors.round import (
     AcceptedCall,
+    RestartCheck,
     RoundEngine,
     RoundEvent,
     RoundOutcome,
@@ -125,6 +127,23 @@ CONTINUE_PROMPT: Final = (
     "[continue] Your previous response was cut at the length limit. Continue exactly where it stopped, "
     "without repeating anything."
 )
+CUT_PROMPT: Final = (
+    "[continue] Your previous response was cut off by a connection failure, not by you. Continue exactly "
+    "where it stopped, from the next character, without repeating anything and without starting over."
+)
+
+
+def _continue(base: list[dict[str, str]], raw: str, prompt: str) -> list[dict[str, str]]:
+    """The messages that ask for a continuation: the decision's context, the text so far, the ask."""
+    return [*base, {"role": "assistant", "content": raw}, {"role": "user", "content": prompt}]
+
+
+def _cut_notice(kind: str, *, mid_response: bool = True, crashed: bool = False) -> Notice:
+    if crashed:
+        return Notice(code=NoticeCode.ROUND_INTERRUPTED,
+                      message="the response was cut by a server fault and could not be continued")
+    return Notice(code=NoticeCode.PROVIDER_ERROR,
+                  message=f"the model provider failed ({kind})" + (" in the middle of the response" if mid_response else ""))
 GIVE_UP_MESSAGES: Final[Mapping[EndReason, str]] = {
     EndReason.PROTOCOL_VIOLATION: "Sorry — I could not produce a valid response this time. Please try again.",
     EndReason.ITERATION_LIMIT: "Sorry — I reached my step limit for this request before finishing.",
@@ -150,6 +169,8 @@ class TurnContext(Protocol):
     @property
     def policies(self) -> Policies: ...
     @property
+    def profile_models(self) -> Sequence[str]: ...
+    @property
     def catalog(self) -> Catalog: ...
     @property
     def tools(self) -> ToolExecutor: ...
@@ -168,7 +189,7 @@ class TurnContext(Protocol):
     def checkpoint(self) -> Awaitable[None] | None: ...
     def validate_params(self, tool_id: str, params: Mapping[str, object]) -> list[str]: ...
     def count_tokens(self, messages: Sequence[Mapping[str, str]]) -> int: ...
-    def stream(self, messages: list[dict[str, str]]) -> AsyncIterator[StreamItem]: ...
+    def stream(self, messages: list[dict[str, str]], models: Sequence[str] | None = None) -> AsyncIterator[StreamItem]: ...
     def resolve_state(self, result: Mapping[str, Any]) -> None: ...
     def expect_answer(self, ask_id: str) -> asyncio.Future[str]: ...
     def forget_answer(self, ask_id: str) -> None: ...
@@ -189,6 +210,15 @@ class PendingCall(msgspec.Struct, frozen=True):
         return ToolCall(self.call_id, self.tool_id, self.params, self.code)
 
 
+class CutRound(msgspec.Struct, frozen=True):
+    """A round a crash cut while its answer streamed, rebuilt from the durable log: it goes on with
+    a continuation (docs/design.md#recovery)."""
+
+    round_no: int
+    raw: str                     # the response so far, as the durable events tell it
+    continuations: int = 0
+
+
 class TurnProgress(msgspec.Struct, kw_only=True):
     """A running turn as the snapshot keeps it, so a re-activation elsewhere resumes it
     (docs/design.md#recovery)."""
@@ -203,6 +233,8 @@ class TurnProgress(msgspec.Struct, kw_only=True):
     confirmation_required: bool = False
     exploration_stopped: bool = False
     pending: list[PendingCall] = msgspec.field(default_factory=list)  # calls being executed
+    cut: CutRound | None = None   # recovery found this round cut mid-answer: continue it first
+    streaming: bool = False       # taken while round `round_no` was streaming (a command's save)
 
 
 class Turn:
@@ -220,6 +252,9 @@ class Turn:
         self.confirmation_required = progress.confirmation_required
         self.exploration_stopped = progress.exploration_stopped
         self.pending: list[PendingCall] = list(progress.pending)
+        self.cut = progress.cut
+        self._partial = False      # the turn ends with an answer that was cut short
+        self._streaming = False    # a round's model stream is open
         self.cancelled_by_user = False
         self._steer_text: str | None = None
         self._inner: asyncio.Task[Any] | None = None
@@ -235,7 +270,7 @@ class Turn:
             turn_id=self.turn_id, message_id=self.message_id, text=self.text, phase=self.phase,
             round_no=self.round_no, retries=self.retries, observations=self.observations,
             confirmation_required=self.confirmation_required, exploration_stopped=self.exploration_stopped,
-            pending=list(self.pending),
+            pending=list(self.pending), cut=self.cut, streaming=self._streaming,
         )
 
     # -- control from the mailbox -----------------------------------------------------------------
@@ -259,24 +294,27 @@ class Turn:
         self.pending = [p for p in self.pending if p.call_id != result.call_id]
         self.observations += 1
 
-    def apply_cut_round(self, thinking: str, announced: Sequence[ToolCalled], answer: str) -> bool:
+    def apply_cut_round(self, thinking: str, announced: Sequence[ToolCalled], answer: str) -> None:
         """The round after the checkpoint was cut by a crash mid-stream (docs/design.md#recovery).
-        The user saw `answer` (maybe ""): keep exactly that and end the turn (True); else every
+        If the user saw part of an answer, the round goes on: it is rebuilt from the durable events
+        and continued from exactly what streamed (never regenerated, never cut short). Else every
         announced call gets an error observation and the turn decides again after a notice."""
+        if self.cut is not None:  # the round resumed after a crash was cut again: go on from here
+            raw = self.cut.raw + json.dumps(answer, ensure_ascii=False)[1:-1]
+            self.cut = CutRound(self.cut.round_no, raw, self.cut.continuations + 1)
+            return
         self.round_no += 1
+        if answer:
+            self.cut = CutRound(self.round_no, _rebuilt_response(thinking, announced, answer))
+            return
         if thinking:
             self.ctx.record(ThinkingBlock(self.turn_id, self.round_no, thinking))
         for call in announced:  # announced, never executed: each still gets an observation
             self.ctx.record(ToolCallBlock(self.turn_id, self.round_no, call.call_id, call.tool_id, dict(call.params)))
             self._observe(ToolCall(call.call_id, call.tool_id, {}),
                           Observation(call.call_id, call.tool_id, ok=False, error="round_interrupted"))
-        if answer:  # the user saw an answer: never regenerate it
-            self._salvage(answer)
-            self._complete(EndReason.SALVAGED, answer, finish_ok=True)
-            return True
         self.ctx.record(NoticeBlock(self.turn_id, self.round_no, ROUND_INTERRUPTED.to_dict()))
         self._emit(interrupted_round(self.turn_id, self.round_no, ROUND_INTERRUPTED))
-        return False
 
     def complete_from_log(self, completed: TurnCompleted) -> None:
         """The turn ended before its last checkpoint: keep its final answer in the timeline."""
@@ -309,13 +347,19 @@ class Turn:
     async def _loop(self) -> tuple[EndReason, str, bool]:
         pol = self.ctx.policies
         while True:
-            if self.round_no >= pol.max_iterations:
-                self._emit(IterationLimit(turn_id=self.turn_id, rounds=self.round_no))
-                return EndReason.ITERATION_LIMIT, GIVE_UP_MESSAGES[EndReason.ITERATION_LIMIT], False
-            self.round_no += 1
-            engine = RoundEngine(self._rules(), turn_id=self.turn_id, round_no=self.round_no)
+            if self.cut is not None:
+                cut, self.cut = self.cut, None
+                engine = self._replay(cut)
+                work = self._generate(engine, resumed=cut)
+            else:
+                if self.round_no >= pol.max_iterations:
+                    self._emit(IterationLimit(turn_id=self.turn_id, rounds=self.round_no))
+                    return EndReason.ITERATION_LIMIT, GIVE_UP_MESSAGES[EndReason.ITERATION_LIMIT], False
+                self.round_no += 1
+                engine = RoundEngine(self._rules(), turn_id=self.turn_id, round_no=self.round_no)
+                work = self._generate(engine)
             try:
-                result = await self._inner_task(self._generate(engine))
+                result = await self._inner_task(work)
             except _Steered:
                 result = self._interrupted(engine)
                 if result.outcome is not RoundOutcome.SALVAGE:
@@ -348,6 +392,16 @@ class Turn:
                 self.phase = transition(self.phase, Move.GIVE_UP)
                 return EndReason.PROTOCOL_VIOLATION, GIVE_UP_MESSAGES[EndReason.PROTOCOL_VIOLATION], False
             self.phase = transition(self.phase, move)
+
+    def _replay(self, cut: CutRound) -> RoundEngine:
+        """The cut round's engine, fed what the durable log holds. Its events already reached the
+        clients: nothing is emitted again; announced calls are owed their observation as before."""
+        self.round_no = cut.round_no
+        engine = RoundEngine(self._rules(), turn_id=self.turn_id, round_no=cut.round_no)
+        for event in engine.feed(cut.raw):
+            if type(event) is ToolCallReady:
+                self._unobserved[event.call.call_id] = event.call
+        return engine
 
     async def _resume_pending(self) -> None:
         calls: list[AcceptedCall] = []
@@ -408,19 +462,41 @@ class Turn:
             budget_tokens=pol.context_budget_tokens, count_tokens=ctx.count_tokens,
         )
 
-    async def _generate(self, engine: RoundEngine) -> RoundResult:
-        """The one round driver: the model stream into the engine, with length continuations
-        (docs/design.md#continuation) and the prefix policy's early stop."""
+    async def _generate(self, engine: RoundEngine, resumed: CutRound | None = None) -> RoundResult:
+        """The one round driver: the model stream into the engine, with continuations after a
+        length cut-off or a connection cut (docs/design.md#continuation) and the prefix policy's
+        early stop. `resumed`: the round a crash cut mid-answer, replayed into `engine`; it goes on
+        from its durable text with a continuation."""
+        self._streaming = True
+        try:
+            return await self._stream_round(engine, resumed)
+        finally:
+            self._streaming = False
+
+    async def _stream_round(self, engine: RoundEngine, resumed: CutRound | None) -> RoundResult:
         pol = self.ctx.policies
-        messages = self._messages(engine.rules)
-        continuations = 0
+        base = self._messages(engine.rules)
+        messages, models = base, None
+        continuations, restart = 0, None
+        if resumed is not None:
+            continuations = resumed.continuations
+            if continuations >= pol.auto_continue_max:
+                return self._finish_cut(engine, _cut_notice("timeout", crashed=True), partial=True)
+            continuations += 1
+            messages, restart = _continue(base, engine.raw_text(), CUT_PROMPT), RestartCheck(engine.answer_text())
         while True:
             finish_reason: str | None = None
+            cut: ProviderError | None = None
+            restarted = False
             try:
-                async with contextlib.aclosing(self.ctx.stream(messages)) as stream:  # type: ignore[type-var]
+                async with contextlib.aclosing(self.ctx.stream(messages, models)) as stream:  # type: ignore[type-var]
                     async for item in stream:
                         if type(item) is ModelDelta:
-                            for event in engine.feed(item.text):
+                            text = item.text if restart is None else restart.admit(item.text)
+                            if text is None:
+                                restarted = True
+                                break  # the model started over: nothing of it reaches the user
+                            for event in engine.feed(text):
                                 self._stream_event(event)
                             if engine.aborted:
                                 break  # the prefix policy closes the provider stream
@@ -429,11 +505,31 @@ class Turn:
                         elif type(item) is ModelFinished:
                             finish_reason = item.finish_reason
             except ProviderError as exc:
-                return self._finish_engine(engine, Notice(
+                cut = exc
+            if restart is not None and not restarted and cut is None:
+                rest = restart.finish()
+                if rest is None:
+                    restarted = True
+                elif rest:
+                    for event in engine.feed(rest):
+                        self._stream_event(event)
+            restart = None
+            if restarted:
+                return self._finish_cut(engine, Notice(
                     code=NoticeCode.PROVIDER_ERROR,
-                    message=f"the model provider failed ({exc.kind})"
-                    + (" in the middle of the response" if exc.after_first_delta else ""),
-                ))
+                    message="the response was cut, and the continuation started over instead of continuing",
+                ), partial=True)
+            if cut is not None:
+                notice = _cut_notice(cut.kind, mid_response=cut.after_first_delta)
+                if not engine.answer_streamed:
+                    return self._finish_engine(engine, notice)  # nothing shown yet: decide again
+                if not engine.continuable or continuations >= pol.auto_continue_max:
+                    return self._finish_cut(engine, notice, partial=True)
+                continuations += 1
+                models = self._continuation_models(cut)
+                messages = _continue(base, engine.raw_text(), CUT_PROMPT)
+                restart = RestartCheck(engine.answer_text())
+                continue
             if engine.aborted or finish_reason != "length":
                 return self._finish_engine(engine)
             if not engine.raw_text():
@@ -441,16 +537,28 @@ class Turn:
                     code=NoticeCode.OUTPUT_TRUNCATED, message="the response was empty and cut at the length limit",
                 ))
             if not engine.continuable or continuations >= pol.auto_continue_max:
-                return self._finish_engine(engine, Notice(
+                return self._finish_cut(engine, Notice(
                     code=NoticeCode.OUTPUT_TRUNCATED,
                     message=f"the response was cut at the length limit after {continuations} continuations",
-                ))
+                ), partial=engine.answer_streamed)
             continuations += 1
-            messages = [
-                *messages[: len(messages) - (2 if continuations > 1 else 0)],
-                {"role": "assistant", "content": engine.raw_text()},
-                {"role": "user", "content": CONTINUE_PROMPT},
-            ]
+            messages = _continue(base, engine.raw_text(), CONTINUE_PROMPT)
+
+    def _continuation_models(self, cut: ProviderError) -> list[str]:
+        """A provider that failed mid-answer hands the continuation to the next fallback, if any
+        (the `fallback` event says so); with none left, the same model is asked to continue."""
+        models = list(self.ctx.profile_models)
+        position = models.index(cut.model) if cut.model in models else 0
+        if position + 1 < len(models):
+            self._emit(Fallback(from_model=cut.model, to_model=models[position + 1], error=f"{cut.kind}: {cut.message}"))
+            return models[position + 1:]
+        return models[position:]
+
+    def _finish_cut(self, engine: RoundEngine, cut: Notice, *, partial: bool) -> RoundResult:
+        """End a round whose stream was cut and not continued; a streamed answer is then partial."""
+        result = self._finish_engine(engine, cut)
+        result.partial = partial and result.outcome is RoundOutcome.SALVAGE
+        return result
 
     def _finish_engine(self, engine: RoundEngine, cut: Notice | None = None, *, interrupted: bool = False) -> RoundResult:
         events, result = engine.finish(cut=cut, interrupted=interrupted)
@@ -608,6 +716,7 @@ class Turn:
         if result.summary:
             self.ctx.record(SummaryBlock(self.turn_id, result.summary))
         if result.outcome is RoundOutcome.SALVAGE:
+            self._partial = result.partial
             self._salvage(result.answer_text)
             return EndReason.SALVAGED, result.answer_text, legal
         final = result.final
@@ -617,19 +726,30 @@ class Turn:
         return EndReason(final.type.value), final.final_answer, legal
 
     def _salvage(self, answer: str) -> None:
-        self._emit(Salvaged(turn_id=self.turn_id, round=self.round_no, answer_chars=len(answer)))
+        self._emit(Salvaged(turn_id=self.turn_id, round=self.round_no, answer_chars=len(answer), partial=self._partial))
 
     def _complete(self, reason: EndReason, answer: str, *, finish_ok: bool) -> None:
         if answer:
             self.ctx.record(FinalBlock(self.turn_id, answer, reason))
         self._emit(TurnCompleted(
             turn_id=self.turn_id, reason=reason, final_answer=answer, used_tools=self.observations > 0,
-            finish_ok=finish_ok,
+            finish_ok=finish_ok, partial=self._partial,
         ))
 
     def _emit(self, data: EventData) -> None:
         self._events.append(EventRef(data.KIND, getattr(data, "call_id", None)))
         self.ctx.emit(data)
+
+
+def _rebuilt_response(thinking: str, announced: Sequence[ToolCalled], answer: str) -> str:
+    """A cut round's response as the durable events tell it: the thinking, the calls announced, and
+    an answer action open right after the last character the user saw."""
+    parts = [f"<channel:thinking>{thinking}</channel:thinking>"]
+    for call in announced:
+        action = {"action": "call_tool", "tool_call": {"tool_id": call.tool_id, "params": call.params}}
+        parts.append(f"<channel:action>{json.dumps(action, ensure_ascii=False)}</channel:action>")
+    parts.append('<channel:action>{"action": "complete", "final_answer": "' + json.dumps(answer, ensure_ascii=False)[1:-1])
+    return "".join(parts)
 
 
 def _steered(call: ToolCall) -> Observation:

@@ -361,6 +361,8 @@ class Transcript:
         style = REASON_STYLE.get(done.reason, "turn.bad")
         mark = "✓" if style == "turn.ok" else "!"
         extra = (", no tools used" if not done.used_tools else "") + (", finish not ok" if not done.finish_ok else "")
+        if done.partial:  # the answer was cut and could not be continued: say so, it is not finished
+            return out + self._line(f"✂ turn {done.turn_id} {done.reason}: the answer was cut short{extra}", "turn.bad")
         return out + self._line(f"{mark} turn {done.turn_id} {done.reason}{extra}", style)
 
     def _stream(self, key: tuple[str, str, int], prefix: str, text: str, style: str) -> list[Segment]:

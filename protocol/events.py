@@ -79,6 +79,7 @@ class TurnCompleted(EventData, frozen=True):
     final_answer: str
     used_tools: bool
     finish_ok: bool              # true only for a legal finish (docs/design.md#observe-before-finish)
+    partial: bool = False        # salvaged: the answer was cut and could not be continued (#continuation)
 
 
 # -- tools -------------------------------------------------------------------------------------
@@ -228,6 +229,7 @@ class Salvaged(Trace, frozen=True, tag="salvaged"):
     turn_id: str
     round: int
     answer_chars: int
+    partial: bool = False
 
 
 TraceData = IllegalFinish | NoToolFinish | IterationLimit | Salvaged

@@ -370,6 +370,18 @@ def test_notices_ui_commands_fallbacks_and_traces_are_rendered() -> None:
     )
 
 
+def test_an_answer_cut_short_is_shown_as_cut_not_as_finished() -> None:
+    chat, _ = ready_chat()
+    _, step = receive(
+        chat,
+        event(1, TurnStarted(turn_id="t1", user_message_id="m1")),
+        event(2, AnswerDelta(turn_id="t1", round=1, text="It is rain")),
+        event(3, TurnCompleted(turn_id="t1", reason=EndReason.SALVAGED, final_answer="It is rain", used_tools=True,
+                               finish_ok=True, partial=True)),
+    )
+    assert render_all(step.shown) == "It is rain\n✂ turn t1 salvaged: the answer was cut short\n"
+
+
 def test_an_event_of_a_kind_this_version_does_not_know_is_shown_as_plain_data() -> None:
     chat, _ = ready_chat()
     _, step = receive(chat, event(1, {"turn_id": "t1", "level": 3}, name="budget.warning"))
@@ -692,8 +704,9 @@ async def test_chat_resumes_after_the_whole_server_drains_and_restarts_on_the_sa
     tmp_path: Path, cut_at: str
 ) -> None:
     """Local backend: the drain stops the conversation mid-turn; a fresh server on the same store
-    and port re-activates it (docs/design.md#recovery: salvage if the answer streamed, else re-decide) and
-    the client, re-subscribed after its last seq, prints the rest of the turn once."""
+    and port re-activates it (docs/design.md#recovery: an answer that had started streaming is
+    continued, else the round is decided again) and the client, re-subscribed after its last seq,
+    prints the rest of the turn once: the whole answer, each character once."""
     async with gateway(local_backend(tmp_path)) as (first, port):
         url = f"ws://127.0.0.1:{port}/ws"
         async with chat("--message", "weather in Paris?", "--url", url) as run:
@@ -703,12 +716,8 @@ async def test_chat_resumes_after_the_whole_server_drains_and_restarts_on_the_sa
                 assert await run.exit_code() == 0, run.stderr
     assert "1012" in run.stderr and "reconnected: resuming after seq" in run.stderr
     answers = [line for line in run.stdout.splitlines() if line.startswith("It is")]
-    assert len(answers) == 1, run.stdout
-    if "✓ turn t1 complete" in run.stdout:
-        assert answers == [DEMO_ANSWER]
-    else:  # the answer had started streaming: the user keeps exactly what they saw
-        assert "! turn t1 salvaged" in run.stdout, run.stdout
-        assert DEMO_ANSWER.startswith(answers[0])
+    assert answers == [DEMO_ANSWER], run.stdout
+    assert "✓ turn t1 complete" in run.stdout, run.stdout
 
 
 @pytest.mark.slow

@@ -55,13 +55,46 @@ async def test_a_round_cut_before_any_answer_is_decided_again_after_round_interr
         "complete", "Rain in Paris, 12 °C.", True)
 
 
-async def test_a_round_cut_after_the_answer_streamed_is_salvaged_not_regenerated(tmp_path: Path) -> None:
+async def test_a_round_cut_after_the_answer_streamed_is_continued_never_regenerated_nor_cut(tmp_path: Path) -> None:
     store = tmp_path / "s.sqlite3"
     answer = "Rain in Paris all day long, twelve degrees, bring an umbrella and a coat. " * 3
+    response = text_round(thinking("Answering."), action(complete(answer)), chunk_chars=4, delay_ms=10)
     streaming = script(
         text_round(thinking("Checking."), action(call("demo.weather", city="Paris"))),
-        text_round(thinking("Answering."), action(complete(answer)), chunk_chars=4, delay_ms=10),
+        response,
     )
+    streaming["continues"] = True   # a model that, asked to continue, continues where it stopped
+    async with local_server(store, streaming) as first, first.client() as c:
+        cid = await c.open()
+        await c.subscribe(cid)
+        await c.say(cid, id="m1")
+        await c.event(cid, "answer.delta")
+        await first.server.drain()
+        await c.closed()
+    seen = list(c.events[cid])
+    before = "".join(e["data"]["text"] for e in seen if e["event"] == "answer.delta")
+    assert 0 < len(before) < len(answer)
+
+    async with local_server(store, streaming) as second, second.client() as c:
+        await c.subscribe(cid, after_seq=seen[-1]["seq"])
+        done = await c.turn_completed(cid)
+        union = seen + c.events[cid]
+        assert comparable(union) == comparable(as_frames(await second.log(cid)))
+    check_log(union)
+    streamed = "".join(e["data"]["text"] for e in union if e["event"] == "answer.delta")
+    assert streamed == answer                                  # each character once: nothing repeated
+    assert (done["data"]["reason"], done["data"]["final_answer"]) == ("complete", answer)
+    assert "partial" not in done["data"]
+    assert [e["data"]["turn_id"] for e in union if e["event"] == "turn.completed"] == ["t1"]
+    assert [e["data"]["round"] for e in union if e["event"] == "round.completed"] == [1, 2]
+
+
+async def test_a_cut_round_whose_continuation_starts_over_ends_partial(tmp_path: Path) -> None:
+    store = tmp_path / "s.sqlite3"
+    answer = "Rain in Paris all day long, twelve degrees, bring an umbrella and a coat. " * 3
+    response = text_round(thinking("Answering."), action(complete(answer)), chunk_chars=4, delay_ms=10)
+    streaming = script(text_round(thinking("Checking."), action(call("demo.weather", city="Paris"))),
+                       response, response)                 # asked to continue, it plays its next round
     async with local_server(store, streaming) as first, first.client() as c:
         cid = await c.open()
         await c.subscribe(cid)
@@ -75,9 +108,7 @@ async def test_a_round_cut_after_the_answer_streamed_is_salvaged_not_regenerated
         await c.subscribe(cid, after_seq=seen[-1]["seq"])
         done = await c.turn_completed(cid)
         union = seen + c.events[cid]
-        assert comparable(union) == comparable(as_frames(await second.log(cid)))
     check_log(union)
     streamed = "".join(e["data"]["text"] for e in union if e["event"] == "answer.delta")
     assert 0 < len(streamed) < len(answer) and answer.startswith(streamed)
-    assert (done["data"]["reason"], done["data"]["final_answer"]) == ("salvaged", streamed)
-    assert [e["data"]["turn_id"] for e in union if e["event"] == "turn.completed"] == ["t1"]
+    assert (done["data"]["reason"], done["data"]["final_answer"], done["data"]["partial"]) == ("salvaged", streamed, True)

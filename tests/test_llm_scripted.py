@@ -64,6 +64,30 @@ async def play(
 # -- the script format -------------------------------------------------------------------------
 
 
+FULL = '<channel:thinking>A.</channel:thinking><channel:action>```json\n{"action": "complete", "final_answer": "It is \\"wet\\" today."}\n```</channel:action>'
+
+
+def ask_to_continue(so_far: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": "x"}, {"role": "assistant", "content": so_far},
+            {"role": "user", "content": "[continue] go on"}]
+
+
+def test_a_script_that_continues_answers_a_continuation_with_the_rest_of_the_cut_round() -> None:
+    script = Script(rounds=[Round(text="<channel:thinking>tool</channel:thinking>"), Round(text=FULL)], loop=True,
+                    continues=True)
+    assert "".join(script.answer(2, ask_to_continue(FULL[:50])).chunks) == FULL[50:]    # the same text: its suffix
+    rebuilt = '<channel:thinking>A.</channel:thinking><channel:action>{"action": "complete", "final_answer": "It is \\"w'
+    assert "".join(script.answer(2, ask_to_continue(rebuilt)).chunks) == 'et\\" today."}</channel:action>'
+    other = '<channel:action>{"action": "complete", "final_answer": "Something else'
+    assert script.answer(2, ask_to_continue(other)) == script.rounds[0]                     # nothing continues it
+    assert script.answer(3, [{"role": "user", "content": "hi"}]) == script.rounds[1]        # a new request: by index
+
+
+def test_a_script_that_does_not_continue_plays_its_round_when_asked_to_continue() -> None:
+    script = Script(rounds=[Round(text=FULL), Round(text="<channel:thinking>again</channel:thinking>")])
+    assert script.answer(1, ask_to_continue(FULL[:50])) == script.rounds[1]
+
+
 def test_text_is_cut_into_chunk_chars_pieces_default_four() -> None:
     assert DEFAULT_CHUNK_CHARS == 4
     assert Round(text="abcdefghij").chunks == ("abcd", "efgh", "ij")

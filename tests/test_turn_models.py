@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from actors.turn import CONTINUE_PROMPT
+from actors.turn import CONTINUE_PROMPT, CUT_PROMPT
 from protocol.notices import NoticeCode
 from tests.convkit import (
     action,
@@ -104,23 +104,107 @@ async def test_provider_error_before_any_delta_falls_back_to_the_next_model() ->
     h.check_invariants()
 
 
-async def test_provider_error_after_the_answer_streamed_is_salvaged_and_the_model_not_called_again() -> None:
+async def test_provider_error_mid_answer_is_continued_and_the_answer_streams_once_whole() -> None:
+    full = thinking("Answering.") + action(complete(ANSWER))
+    head, rest = cut(full, "umbrella")
+    h = harness(rounds_script(
+        tool_round("demo.weather", city="Paris"),
+        {"text": head, "error": "server_error"},          # cut inside the final_answer string
+        text_round(rest),                                  # the continuation: from the next character
+    ))
+    done = await h.turn("weather in paris?")
+
+    assert h.text("answer.delta") == ANSWER                   # every character once, in order
+    assert done["reason"] == "complete" and done["final_answer"] == ANSWER
+    assert "partial" not in done
+    assert len(h.rounds()) == 2                                # the continuation is the same round
+    assert h.rounds()[1]["notices"] == []                     # the cut was not the model's mistake
+    continuation = h.calls[2]
+    assert continuation.messages[-2] == {"role": "assistant", "content": head}
+    assert continuation.messages[-1]["content"] == CUT_PROMPT
+    assert h.model_calls == 3
+    h.check_invariants()
+
+
+async def test_a_fallback_model_supplies_the_continuation_after_a_mid_answer_failure() -> None:
+    full = thinking("Answering.") + action(complete(ANSWER))
+    head, rest = cut(full, "umbrella")
+    first = script_model(rounds_script(tool_round("demo.weather", city="Paris"), {"text": head, "error": "unavailable"}))
+    second = script_model(rounds_script({"error": "bad_request"}, {"error": "bad_request"}, text_round(rest)))
+    h = harness(model=first, fallbacks=[second])
+    done = await h.turn("weather in paris?")
+
+    [fallback] = h.named("fallback")
+    assert (fallback["from"], fallback["to"]) == (first, second) and "unavailable" in fallback["error"]
+    names = h.names()
+    assert names.index("answer.delta") < names.index("fallback") < len(names) - names[::-1].index("answer.delta")
+    assert h.calls[2].models == (second,)                      # the continuation goes to the fallback
+    assert h.text("answer.delta") == ANSWER and done["final_answer"] == ANSWER
+    assert done["reason"] == "complete"
+    h.check_invariants()
+
+
+async def test_a_provider_silent_between_chunks_is_cut_and_continued() -> None:
+    full = thinking("Answering.") + action(complete(ANSWER))
+    head, rest = cut(full, "umbrella")
+    h = harness(rounds_script(
+        tool_round("demo.weather", city="Paris"),
+        {"deltas": [head, "never sent"], "delay_ms": 400},   # the second delta comes too late
+        text_round(rest),
+    ), stream_idle_timeout_s=0.2)
+    done = await h.turn("weather in paris?")
+
+    assert h.text("answer.delta") == ANSWER and done["final_answer"] == ANSWER
+    assert "never sent" not in h.text("answer.delta")
+    assert done["reason"] == "complete"
+    h.check_invariants()
+
+
+async def test_a_continuation_that_starts_over_ends_the_turn_partial() -> None:
+    full = thinking("Answering.") + action(complete(ANSWER))
+    head, _ = cut(full, "umbrella")
+    h = harness(rounds_script(
+        tool_round("demo.weather", city="Paris"),
+        {"text": head, "error": "server_error"},
+        text_round(full),                                  # the model starts over instead
+    ))
+    done = await h.turn("weather in paris?")
+
+    streamed = h.text("answer.delta")
+    assert streamed == ANSWER[: ANSWER.index("umbrella")]     # nothing of the restart reached the user
+    assert done["reason"] == "salvaged" and done["final_answer"] == streamed and done["partial"] is True
+    [trace] = h.traces("salvaged")
+    assert trace["partial"] is True and trace["answer_chars"] == len(streamed)
+    assert h.model_calls == 3
+    h.check_invariants()
+
+
+async def test_a_spent_continuation_budget_ends_the_turn_partial() -> None:
     full = thinking("Answering.") + action(complete(ANSWER))
     head, _ = cut(full, "umbrella")
     h = harness(rounds_script(
         tool_round("demo.weather", city="Paris"),
         {"text": head, "error": "server_error"},
         answer_round("A second answer that must never be generated."),
-    ))
+    ), auto_continue_max=0)
     done = await h.turn("weather in paris?")
 
     streamed = h.text("answer.delta")
     assert streamed == ANSWER[: ANSWER.index("umbrella")]
-    assert done["reason"] == "salvaged" and done["final_answer"] == streamed
+    assert done["reason"] == "salvaged" and done["final_answer"] == streamed and done["partial"] is True
     assert h.model_calls == 2
-    [trace] = h.traces("salvaged")
-    assert trace["answer_chars"] == len(streamed)
     assert NoticeCode.PROVIDER_ERROR in h.notice_codes()[1]
+    h.check_invariants()
+
+
+async def test_a_whole_answer_with_a_broken_tail_is_salvaged_not_partial() -> None:
+    broken = thinking("Answering.") + '<channel:action>{"action": "complete", "final_answer": "' + ANSWER + '", }'
+    h = harness(rounds_script(tool_round("demo.weather", city="Paris"), text_round(broken + "</channel:action>")))
+    done = await h.turn("weather in paris?")
+
+    assert done["reason"] == "salvaged" and done["final_answer"] == ANSWER
+    assert "partial" not in done
+    assert h.model_calls == 2                                  # a model's own mistake is not continued
     h.check_invariants()
 
 

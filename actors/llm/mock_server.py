@@ -100,7 +100,7 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
     if index is None:
         index = request.app[_COUNTER].next(conversation or "")
     try:
-        round_ = request.app[_SCRIPT].round_for(index, model)
+        round_ = request.app[_SCRIPT].answer(index, body.get("messages") or [], model)
     except ScriptExhausted as exc:
         return _error_response(400, SCRIPT_EXHAUSTED, str(exc))
 

@@ -69,12 +69,12 @@ class ScriptedLLM(CustomLLM):
         # closing a stream early really stopped the provider's generator.
         self.open_streams = 0
 
-    def resolve(self, model: str, headers: Mapping[str, str] | None) -> Round:
+    def resolve(self, model: str, headers: Mapping[str, str] | None, messages: list[Any]) -> Round:
         conversation, index = playback_position(headers)
         if index is None:
             index = self._fallback_counter.next(conversation or "")
         try:
-            return get_script(model).round_for(index, model)
+            return get_script(model).answer(index, messages, model)
         except UnknownScript as exc:
             raise provider_exception(ErrorKind.NOT_FOUND, model, str(exc)) from None
         except ScriptExhausted as exc:
@@ -101,7 +101,7 @@ class ScriptedLLM(CustomLLM):
     ) -> AsyncIterator[GenericStreamingChunk]:
         # An async generator: nothing runs until LiteLLM asks for the first chunk, so an `error`
         # round raises before any chunk, as a failing provider does.
-        round_ = self.resolve(model, headers)
+        round_ = self.resolve(model, headers, messages)
         read_timeout = _read_timeout(timeout)
         delay = round_.delay_s
         if read_timeout is not None and delay > read_timeout:
@@ -141,7 +141,7 @@ class ScriptedLLM(CustomLLM):
         timeout: Any = None,
         client: Any = None,
     ) -> ModelResponse:
-        round_ = self.resolve(model, headers)
+        round_ = self.resolve(model, headers, messages)
         if round_.delay_ms:
             await asyncio.sleep(round_.delay_s * max(1, len(round_.chunks)))
         if round_.error is not None:

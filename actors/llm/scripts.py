@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
@@ -129,11 +129,64 @@ class Round(BaseModel):
         return self.delay_ms / 1000.0
 
 
+_FINAL_ANSWER = re.compile(r'"final_answer"\s*:\s*"')
+_CLOSING_FENCE = re.compile(r"\s*```\s*(?=</channel:action>)")
+_CUT_ESCAPE = re.compile(r"\\(u[0-9a-fA-F]{0,3})?$")
+
+
+def _continuation_request(messages: Sequence[Mapping[str, Any]]) -> str | None:
+    """The response so far, when the request asks to continue it (its text then a `[continue]`)."""
+    if len(messages) < 2 or messages[-2].get("role") != "assistant":
+        return None
+    if not str(messages[-1].get("content") or "").startswith("[continue]"):
+        return None
+    return str(messages[-2].get("content") or "")
+
+
+def continuation(full: str, so_far: str) -> str:
+    """What follows `so_far` in the response `full`: by the text itself when `so_far` is its start,
+    else by the answer characters (a response rebuilt from durable events is spelled differently
+    but holds the same answer so far). A `so_far` that `full` does not continue gets all of `full`."""
+    if full.startswith(so_far):
+        return full[len(so_far):]
+    cut = list(_FINAL_ANSWER.finditer(so_far))
+    whole = _FINAL_ANSWER.search(full)
+    if not cut or whole is None:
+        return full
+    try:
+        shown = json.loads('"' + _CUT_ESCAPE.sub("", so_far[cut[-1].end():]) + '"')
+        answer, end = json.JSONDecoder().raw_decode('"' + full[whole.end():])
+    except ValueError:
+        return full
+    if not isinstance(answer, str) or not answer.startswith(shown):
+        return full
+    tail = full[whole.end() + end - 2:]
+    if "```" not in so_far[so_far.rfind("<channel:action>"):]:
+        tail = _CLOSING_FENCE.sub("", tail, count=1)  # the text so far has no fence to close
+    return json.dumps(answer[len(shown):], ensure_ascii=False)[1:-1] + tail
+
+
 class Script(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     rounds: tuple[Round, ...] = Field(min_length=1)
     loop: bool = False
+    # A model that continues when asked to (docs/design.md#continuation): a request that sends a
+    # cut response back with a `[continue]` instruction gets the rest of the round that response
+    # came from, instead of the next round. Off, every call plays its round, whatever it is asked.
+    continues: bool = False
+
+    def answer(self, call_index: int, messages: Sequence[Mapping[str, Any]], name: str = "?") -> Round:
+        """The round that answers call `call_index`, given the request's messages."""
+        so_far = _continuation_request(messages) if self.continues else None
+        if so_far:
+            for back in range(1, len(self.rounds) + 1):  # the most recent round first
+                source = self.rounds[(call_index - back) % len(self.rounds)]
+                full = "".join(source.chunks)
+                if source.error is None and full and (rest := continuation(full, so_far)) != full:
+                    return Round(text=rest, chunk_chars=source.chunk_chars, delay_ms=source.delay_ms,
+                                 finish_reason=source.finish_reason)
+        return self.round_for(call_index, name)
 
     def round_for(self, call_index: int, name: str = "?") -> Round:
         """The round answering call `call_index` (0-based) of a conversation."""

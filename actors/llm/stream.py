@@ -160,6 +160,10 @@ def _message(exc: BaseException) -> str:
 # -- the call ------------------------------------------------------------------------------------
 
 
+class _Silent(Exception):
+    """The provider sent nothing for `idle_timeout_s` after the first delta."""
+
+
 async def stream_model(
     models: Sequence[str],
     messages: list[dict[str, Any]],
@@ -170,10 +174,13 @@ async def stream_model(
     api_key: str | None = None,
     max_tokens: int | None = None,
     timeout_s: float | None = None,
+    idle_timeout_s: float | None = None,
 ) -> AsyncGenerator[StreamItem, None]:
     """Stream one model answer, falling back along `models` while nothing has been delivered.
 
-    Close it early (`aclose()`, or leave an `async with contextlib.aclosing(...)` block) to abort a
+    `idle_timeout_s` bounds the wait for each chunk after the first delta: a provider that goes
+    silent mid-answer cuts the stream (a `timeout` ProviderError after the first delta), which the
+    turn continues like any other cut (docs/design.md#continuation). Close it early (`aclose()`, or leave an `async with contextlib.aclosing(...)` block) to abort a
     generation: the LiteLLM stream and the provider's generator are closed with it.
     """
     if not models:
@@ -202,7 +209,15 @@ async def stream_model(
         stream: Any = None
         try:
             stream = await litellm.acompletion(model=model, messages=messages, stream=True, **kwargs)
-            async for chunk in stream:
+            chunks = stream.__aiter__()
+            while True:
+                try:
+                    async with asyncio.timeout(idle_timeout_s if delivered else None):
+                        chunk = await chunks.__anext__()
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    raise _Silent(f"no chunk for {idle_timeout_s:g} s in the middle of the response") from None
                 choices = chunk.choices
                 if not choices:
                     continue
@@ -215,7 +230,8 @@ async def stream_model(
                     finish_reason = choice.finish_reason
                     break  # see LEAN_SETTINGS: do not drain into LiteLLM's end-of-stream rebuild
         except Exception as exc:
-            error = ProviderError(error_kind(exc), model, _message(exc), after_first_delta=delivered)
+            kind = "timeout" if isinstance(exc, _Silent) else error_kind(exc)
+            error = ProviderError(kind, model, _message(exc), after_first_delta=delivered)
             if delivered or position + 1 == len(models):
                 raise error from exc
             described = error.message if error.message.startswith(error.kind) else f"{error.kind}: {error.message}"

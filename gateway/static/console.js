@@ -524,8 +524,13 @@ class View {
         }
         const a = this.answers.get(turnId);
         if (a) a.classList.remove("streaming");
-        const cls = d.reason === "complete" ? "ok" : (d.reason === "exit" || d.reason === "salvaged") ? "warn" : "bad";
+        let cls = d.reason === "complete" ? "ok" : (d.reason === "exit" || d.reason === "salvaged") ? "warn" : "bad";
         let label = d.reason;
+        if (d.partial) {  // cut and not continued: shown as cut, not as a finished answer
+          cls = "bad";
+          label += " · answer cut short";
+          if (a) a.classList.add("cut");
+        }
         if (d.used_tools === false) label += " · no tools";
         this.section(turnId).append(el("div", "done " + cls, label));
         for (const card of this.asks.values()) if (!card.classList.contains("resolved")) this.resolveAsk(card, "closed");
