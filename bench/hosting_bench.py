@@ -1,7 +1,8 @@
-"""Ray hosting: idle-conversation cost sharded vs dedicated, and streaming throughput ray vs local.
+"""Ray hosting: idle-conversation cost sharded vs dedicated, streaming throughput ray vs local, and
+how long conversations take to resume after their host dies.
 
     .venv/bin/python bench/hosting_bench.py [--conversations N] [--idle M] [--dedicated D]
-                                            [--repeats R] [--ray-niceness K] [--quick]
+                                            [--repeats R] [--crash-repeats K] [--ray-niceness K] [--quick]
 
 One run, one in-process Ray instance (`ray.init(num_cpus=2, include_dashboard=False)`), shut down
 at the end. Everything stays in-process or on loopback; stores are temporary SQLite files.
@@ -27,6 +28,14 @@ at the end. Everything stays in-process or on loopback; stores are temporary SQL
    how the ray backend split the conversations over its hosts (the busier host sets the wall time).
    Goal: ray ≥ 50% of local's events/s (judged at flush 0, where events and deltas agree;
    at flush 25 the deltas/s ratio is the fair one and is printed next to it).
+3. Host death (docs/design.md#host-death): 6 conversations stream a slow answer (4 watched by a
+   subscriber, 2 by nobody); right after the first `answer.delta` the hosts are SIGKILLed (pids
+   from `stats()`): every host, or one of the two. Resume time = from the kill to a conversation's
+   first new event (watched: what its subscriber receives; unwatched: what the store holds), over
+   all conversations of K repeats (median, max). Baseline, same run: the cold start of one host
+   process (create → `ready()`: the process, the store, LiteLLM), which bounds what resuming after
+   every host died can take. Goal: every cut turn resumes and completes whole (the script's answer,
+   seqs without gap or duplicate), watched or not.
 
 Ray starts its worker processes at niceness 15; the local backend runs in this process at 0. On a
 shared machine that alone decides the comparison (measured here under other load: ray 41% of
@@ -38,9 +47,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -54,6 +65,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import ray
+from ray.exceptions import RayActorError
 
 try:  # Ray ships psutil among its third-party files (on sys.path once ray is imported)
     import psutil  # type: ignore[import-untyped]
@@ -68,7 +80,8 @@ from actors.llm.stream import stream_model
 from actors.profile import AgentProfile, parse_profile
 from actors.ray.backend import RayBackend
 from actors.ray.config import RayConfig
-from actors.ray.names import NAMESPACE
+from actors.ray.host import ConversationHost
+from actors.ray.names import DIRECTORY_NAME, NAMESPACE, dedicated_host
 from actors.store import store_from_url
 from actors.tools.demo import demo_registry
 from actors.tools.durable import DurableTools
@@ -79,7 +92,10 @@ MEMORY_GOAL = 1000.0
 THROUGHPUT_GOAL = 0.50
 WORDS = ("rain", "Paris", "umbrella", "jacket", "12 °C", "wind", "west", "cafés", "Seine", "evening")
 SCRIPT_NAME = "hosting-bench-stream"
+CRASH_SCRIPT_NAME = "hosting-bench-crash"
 TIMEOUT_S = 300.0
+CRASH_TIMEOUT_S = 120.0
+CRASH_WATCHED, CRASH_UNWATCHED = 4, 2
 
 
 # -- set-up ------------------------------------------------------------------------------------------
@@ -96,15 +112,25 @@ def stream_script(answer_chars: int) -> dict[str, Any]:
     return {"loop": True, "rounds": [{"text": text, "chunk_chars": 4, "delay_ms": 0}]}
 
 
-def profile(name: str, flush_ms: int) -> AgentProfile:
+def crash_script(answer_chars: int) -> tuple[dict[str, Any], str]:
+    """A slow answer (time to kill its host mid-stream); a call that asks to continue a cut response
+    gets the rest of it (docs/design.md#scripted-model). Returns the script and its answer."""
+    script = stream_script(answer_chars)
+    text = script["rounds"][0]["text"]
+    answer = json.loads(text[text.index("<channel:action>") + 16: text.index("</channel:action>")])["final_answer"]
+    return {"loop": True, "continues": True, "rounds": [{"text": text, "chunk_chars": 4, "delay_ms": 10}]}, answer
+
+
+def profile(name: str, flush_ms: int, script: str = SCRIPT_NAME) -> AgentProfile:
     # tool-less: the answer is the first round (finish policy allow_no_tool), pure streaming
     return parse_profile({
-        "name": name, "model": f"scripted/{SCRIPT_NAME}", "states": ["default"],
+        "name": name, "model": f"scripted/{script}", "states": ["default"],
         "policies": {"flush_interval_ms": flush_ms}, "tools": [],
     }, known_tools=demo_registry())
 
 
-PROFILES = {"idle": profile("idle", 25), "flush0": profile("flush0", 0), "flush25": profile("flush25", 25)}
+PROFILES = {"idle": profile("idle", 25), "flush0": profile("flush0", 0), "flush25": profile("flush25", 25),
+            "crash": profile("crash", 25, CRASH_SCRIPT_NAME)}
 PROFILES["idle-dedicated"] = PROFILES["idle"].model_copy(update={"name": "idle-dedicated", "placement": "dedicated"})
 
 
@@ -349,6 +375,128 @@ async def streaming(ray_backend: RayBackend, local: LocalBackend, n: int, repeat
     return out
 
 
+# -- 3. host death ------------------------------------------------------------------------------
+
+
+async def cold_start(config: RayConfig) -> float:
+    """One ConversationHost process from creation to `ready()`: a dedicated-named one, so that no
+    conversation is ever placed on it; killed and reported dead afterwards."""
+    name = dedicated_host(f"bench-cold-start-{time.monotonic_ns()}")
+    t = time.perf_counter()
+    handle = ConversationHost.options(name=name, namespace=NAMESPACE, lifetime="detached",  # type: ignore[attr-defined]
+                                      num_cpus=0).remote(name, config)
+    await handle.ready.remote()
+    elapsed = time.perf_counter() - t
+    _, incarnation = await handle.identity.remote()
+    ray.kill(handle)
+    directory = ray.get_actor(DIRECTORY_NAME, namespace=NAMESPACE)
+    await directory.host_failed.remote(name, incarnation)
+    return elapsed
+
+
+async def ready_hosts(backend: RayBackend, count: int) -> list[dict[str, Any]]:
+    """Stats of `count` live, warmed-up hosts (replacements of killed ones included)."""
+    deadline = time.monotonic() + CRASH_TIMEOUT_S
+    while True:
+        try:
+            names = await backend._directory.hosts.remote()
+            if len(names) >= count:
+                return list(await asyncio.gather(
+                    *(ray.get_actor(n, namespace=NAMESPACE).stats.remote() for n in names)))
+        except (RayActorError, ValueError):
+            pass  # a host died or is being replaced between the two calls
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"fewer than {count} hosts ready in {CRASH_TIMEOUT_S:.0f} s")
+        await asyncio.sleep(0.1)
+
+
+async def crash_round(backend: RayBackend, answer: str, kill_all: bool) -> dict[str, Any]:
+    stats = await ready_hosts(backend, backend.config.hosts)
+    n = CRASH_WATCHED + CRASH_UNWATCHED
+    cids = [(await backend.open(OWNER, None, "crash", None)).conversation_id for _ in range(n)]
+    watched = cids[:CRASH_WATCHED]
+    events: dict[str, list[Any]] = {c: [] for c in watched}
+    streams = {cid: backend.subscribe(OWNER, cid, 0) for cid in watched}
+
+    async def consume(cid: str) -> None:
+        async for batch in streams[cid]:
+            events[cid].extend(batch)
+
+    tasks = [asyncio.get_running_loop().create_task(consume(c)) for c in watched]
+    try:
+        while not all(attached(backend, c) for c in watched):
+            await asyncio.sleep(0.01)
+        acks = await asyncio.gather(*(backend.command(OWNER, c, UserMessage(f"u-{c}", "Weather?")) for c in cids))
+        assert all(a == "accepted" for a in acks)
+        while not any(e.event == "answer.delta" for evs in events.values() for e in evs):
+            await asyncio.sleep(0.002)
+        if kill_all:
+            victims = [s["pid"] for s in stats]
+        else:  # the host of the first conversation: the other one lives on, warm
+            host = await backend.host_of(cids[0])
+            victims = [s["pid"] for s in stats if s["name"] == host]
+        for pid in victims:
+            os.kill(pid, signal.SIGKILL)
+        killed = time.perf_counter()
+        durable = {c: await backend.store.last_seq(c) for c in cids}
+        seen = {c: len(evs) for c, evs in events.items()}
+        cut = [c for c in cids if c not in watched or not any(e.event == "turn.completed" for e in events[c])]
+        resumed: dict[str, float] = {}
+        done: set[str] = set()
+        deadline = time.monotonic() + CRASH_TIMEOUT_S
+        while len(done) < n:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{n - len(done)} turns did not complete in {CRASH_TIMEOUT_S:.0f} s")
+            for c in cids:
+                if c in done:
+                    continue
+                if c in events:
+                    new = len(events[c]) > seen[c]
+                    finished = any(e.event == "turn.completed" for e in events[c])
+                else:
+                    last = await backend.store.last_seq(c)
+                    new = last > durable[c]
+                    finished = new and (await backend.store.read_events(c, last - 1, 1))[0].event == "turn.completed"
+                if new and c not in resumed:
+                    resumed[c] = time.perf_counter() - killed
+                if finished:
+                    done.add(c)
+            await asyncio.sleep(0.01)
+        whole = True
+        for c in cids:
+            log = events[c] if c in events else await backend.store.read_events(c, 0, 100_000)
+            completed = [e.data for e in log if e.event == "turn.completed"]
+            streamed = "".join(e.data.text for e in log if e.event == "answer.delta")
+            whole &= ([e.seq for e in log] == list(range(1, len(log) + 1)) and len(completed) == 1
+                      and completed[0].final_answer == streamed == answer and not getattr(completed[0], "partial", False))
+        return {"resumed": [resumed[c] for c in cut if c in resumed], "cut": len(cut), "whole": whole,
+                "done": time.perf_counter() - killed, "killed": len(victims)}
+    finally:
+        for t in tasks:
+            t.cancel()
+        for stream in streams.values():
+            with contextlib.suppress(Exception):
+                await stream.aclose()
+
+
+async def host_death(config: RayConfig, answer: str, repeats: int) -> dict[str, Any]:
+    backend = RayBackend(config, default_agent="crash")
+    await backend.start()
+    try:
+        cold = [await cold_start(config) for _ in range(max(1, repeats // 2))]
+        out: dict[str, Any] = {"cold_start": statistics.median(cold), "cold_starts": cold}
+        for key, kill_all in (("all", True), ("one", False)):
+            runs = [await crash_round(backend, answer, kill_all) for _ in range(repeats)]
+            resumed = [r for run in runs for r in run["resumed"]]
+            out[key] = {"median": statistics.median(resumed), "max": max(resumed), "n": len(resumed),
+                        "cut": sum(run["cut"] for run in runs), "whole": all(run["whole"] for run in runs),
+                        "done_max": max(run["done"] for run in runs),
+                        "maxes": [max(run["resumed"]) for run in runs if run["resumed"]]}
+        return out
+    finally:
+        await backend.stop()
+
+
 # -- main ----------------------------------------------------------------------------------------------
 
 
@@ -358,7 +506,11 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
     path = tmp / "stream.json"
     path.write_text(json.dumps(script))
     register_script(SCRIPT_NAME, path)
-    scripts = {SCRIPT_NAME: str(path)}
+    crash, crash_answer = crash_script(args.crash_answer_chars)
+    crash_path = tmp / "crash.json"
+    crash_path.write_text(json.dumps(crash))
+    register_script(CRASH_SCRIPT_NAME, crash_path)
+    scripts = {SCRIPT_NAME: str(path), CRASH_SCRIPT_NAME: str(crash_path)}
     ray_url = f"sqlite:///{tmp / 'ray.sqlite3'}"
     config = RayConfig(store_url=ray_url, registry=demo_registry(), profiles=PROFILES, scripts=scripts,
                        idle_ttl_s=3600, hosts=2)
@@ -385,11 +537,14 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
         await ray_backend.stop()
         await local.stop()
     print(f"  [streaming: {time.perf_counter() - t:.1f} s]", flush=True)
-    report(args, sharded, dedicated, stream, chunks)
+    t = time.perf_counter()
+    death = await host_death(config, crash_answer, args.crash_repeats)
+    print(f"  [host death: {time.perf_counter() - t:.1f} s]", flush=True)
+    report(args, sharded, dedicated, stream, chunks, death)
 
 
 def report(args: argparse.Namespace, sharded: dict[str, Any], dedicated: dict[str, Any],
-           stream: dict[str, dict[str, Any]], chunks: int) -> None:
+           stream: dict[str, dict[str, Any]], chunks: int, death: dict[str, Any]) -> None:
     print()
     niceness = args.ray_niceness
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; Ray {ray.__version__}, num_cpus=2; "
@@ -455,7 +610,29 @@ def report(args: argparse.Namespace, sharded: dict[str, Any], dedicated: dict[st
         print(f"   goal: ray backend ≥ 50% of the local backend's events/s — flush {flush} ms, {what}: "
               f"{judged:.0%} → {'PASS' if ok else 'FAIL'}")
     print()
-    print(f"overall: {'PASS' if ok_mem and ok_tp else 'FAIL'}")
+    n = CRASH_WATCHED + CRASH_UNWATCHED
+    print(f"3. Host death: {n} conversations ({CRASH_WATCHED} watched, {CRASH_UNWATCHED} not) stream a "
+          f"{args.crash_answer_chars}-char answer; hosts SIGKILLed after the first answer.delta; {args.crash_repeats} repeats")
+    rows = []
+    for key, what in (("all", "every host killed (2 of 2)"), ("one", "one host killed (1 of 2)")):
+        d = death[key]
+        rows.append((what, s_(d["median"]), s_(d["max"]), f"{d['median'] / death['cold_start']:.2f}×",
+                     f"{d['n']}/{d['cut']}", s_(d["done_max"]), " ".join(f"{m:.1f}" for m in d["maxes"])))
+    table(("", "resume median", "resume max", "median/cold start", "resumed/cut", "all done, max",
+           "max per repeat (s)"), rows)
+    print(f"   baseline: one host's cold start (process + store + LiteLLM), median of {len(death['cold_starts'])}: "
+          f"{s_(death['cold_start'])}")
+    print("   (resume = from the kill to a cut conversation's first new event: its subscriber's, or the store's "
+          "for an unwatched one.)")
+    ok_death = death["all"]["whole"] and death["one"]["whole"]
+    print(f"   goal: every cut turn resumes without a client frame and completes whole (no gap, no duplicate, "
+          f"the script's answer): {'PASS' if ok_death else 'FAIL'}")
+    print()
+    print(f"overall: {'PASS' if ok_mem and ok_tp and ok_death else 'FAIL'}")
+
+
+def s_(seconds: float) -> str:
+    return f"{seconds:.2f} s"
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
@@ -474,6 +651,9 @@ def main() -> None:
     parser.add_argument("--dedicated", type=int, default=None, help="dedicated conversations (default 12)")
     parser.add_argument("--repeats", type=int, default=None, help="streaming repeats per backend (default 3)")
     parser.add_argument("--answer-chars", type=int, default=1600, help="length of each streamed answer")
+    parser.add_argument("--crash-repeats", type=int, default=None,
+                        help="host-death repeats per scenario (default 5; --quick 3)")
+    parser.add_argument("--crash-answer-chars", type=int, default=250, help="length of the answer cut by the kill")
     parser.add_argument("--ray-niceness", type=int, default=0,
                         help="niceness of Ray's worker processes (Ray's default is 15; 0 = the same as the "
                              "local backend, which runs in this process)")
@@ -484,6 +664,7 @@ def main() -> None:
     args.idle = args.idle or (600 if quick else 2000)
     args.dedicated = args.dedicated or (4 if quick else 12)
     args.repeats = args.repeats or (3 if quick else 5)
+    args.crash_repeats = args.crash_repeats or (3 if quick else 5)
     args.agents = ["flush0"] if quick else ["flush0", "flush25"]
     with tempfile.TemporaryDirectory(prefix="hosting-bench-") as tmp:
         t = time.perf_counter()

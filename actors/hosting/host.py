@@ -130,6 +130,25 @@ class HostCore:
         active = await self._ensure_active(conversation_id)
         return active.conversation.events.durable_seq
 
+    async def in_flight(self, conversation_ids: Sequence[str]) -> list[str]:
+        """Those of `conversation_ids` with work a host's death cut: a turn running (or paused on
+        ask_user) or messages queued, as the last snapshot holds them (docs/design.md#host-death).
+        No false negative: a command is acked only once a snapshot holding it is durable, and a
+        turn's start is checkpointed; a turn that ended after its last snapshot is a harmless
+        false positive (recovery finds its `turn.completed`)."""
+        found = []
+        for cid in conversation_ids:
+            if cid in self._active:
+                found.append(cid)
+                continue
+            snapshot = await self.store.load_snapshot(cid)
+            if snapshot is None:
+                continue
+            state = ConversationState.decode(snapshot[1])
+            if state.current is not None or state.queue:
+                found.append(cid)
+        return found
+
     async def idle(self, conversation_id: str) -> None:
         active = self._active.get(conversation_id)
         if active is not None:

@@ -4,10 +4,11 @@
   docs/design.md#placement).
 - Events: one long-lived batched pull per (host, gateway) pair — `host.poll` returns everything
   pending for this gateway — never one Ray call per delta (docs/design.md#delivery).
-- Faults: a host that dies is reported to the Directory; its conversations are re-placed and
-  re-watched, which activates them elsewhere from the store. Subscribers are told to look in the
-  store, which holds every event ever published (write-ahead), so nothing is lost
-  (docs/design.md#recovery).
+- Faults: the Directory observes a host's death itself and resumes its in-flight conversations
+  on live hosts (docs/design.md#host-death). This gateway, for its part, forgets the dead host's
+  routes and re-watches what its subscribers watched there, on the new host, until that works;
+  subscribers are then told to look in the store, which holds every event ever published
+  (write-ahead), so nothing is lost (docs/design.md#recovery, #delivery).
 
 Configuration is the `RayConfig` it is given; it reads nothing from the environment.
 """
@@ -19,8 +20,8 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 import ray
 from ray.exceptions import RayActorError, RayTaskError
@@ -41,8 +42,15 @@ from protocol.frames import Mode
 log = logging.getLogger("reactgate.ray.backend")
 
 Listener = Callable[[Sequence[Event]], None]
-ROUTE_ATTEMPTS = 5
+T = TypeVar("T")
+ROUTE_ATTEMPTS = 5           # WrongHost redirects followed at once, before backing off
+ROUTE_TIMEOUT_S = 60.0       # how long a call keeps re-routing while hosts die and replacements start
+RETRY_MAX_S = 1.0
 POLL_TIMEOUT_S = 1.0
+
+
+class _HostGone(Exception):
+    """The host a route names has no actor now: it died, and its replacement does not exist yet."""
 
 
 def _cause(exc: RayTaskError) -> BaseException:
@@ -75,7 +83,7 @@ class _HostLink:
                 batch = await self.handle.poll.remote(self._gateway_id, POLL_TIMEOUT_S)
             except asyncio.CancelledError:
                 raise
-            except (RayActorError, RayTaskError) as exc:
+            except Exception as exc:  # whatever broke the stream, the conversations need a new one
                 log.warning("host %s unreachable (%s): failing over", self.name, type(exc).__name__)
                 await self._on_failure(self)
                 return
@@ -97,6 +105,7 @@ class RayBackend:
         self._links: dict[str, _HostLink] = {}
         self._listeners: dict[str, list[Listener]] = {}
         self._watch_locks: dict[str, asyncio.Lock] = {}   # conversation → orders its watch/unwatch calls
+        self._tasks: set[asyncio.Task[Any]] = set()
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -133,6 +142,8 @@ class RayBackend:
             await asyncio.sleep(0.1)
 
     async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
         for link in list(self._links.values()):
             link.task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -173,7 +184,7 @@ class RayBackend:
                     listeners.remove(listener)
                 if not listeners:
                     self._listeners.pop(conversation_id, None)
-                    asyncio.get_running_loop().create_task(self._unwatch(conversation_id))
+                    self._spawn(self._unwatch(conversation_id))
 
             return detach
 
@@ -182,7 +193,7 @@ class RayBackend:
 
     # -- routing -----------------------------------------------------------------------------------
 
-    async def _host_for(self, conversation_id: str) -> tuple[str, Any]:
+    async def _link_for(self, conversation_id: str) -> _HostLink:
         name = self._routes.get(conversation_id)
         if name is None:
             agent = await self.owners.agent_of(conversation_id)
@@ -193,9 +204,20 @@ class RayBackend:
             self._routes[conversation_id] = name
         link = self._links.get(name)
         if link is None:
-            handle = ray.get_actor(name, namespace=NAMESPACE)
+            try:
+                handle = ray.get_actor(name, namespace=NAMESPACE)
+            except ValueError:
+                # The Directory still names a host whose actor is gone: the death is a moment old
+                # (not yet observed, or its replacement not yet created). A route is worth a retry,
+                # not an error — see `_routed`.
+                self._routes.pop(conversation_id, None)
+                raise _HostGone(name) from None
             link = self._links[name] = _HostLink(name, handle, self.gateway_id, self._deliver, self._host_failed)
-        return name, link.handle
+        return link
+
+    async def _host_for(self, conversation_id: str) -> tuple[str, Any]:
+        link = await self._link_for(conversation_id)
+        return link.name, link.handle
 
     async def _place(self, conversation_id: str, timeout_s: float = 60.0) -> str:
         """The Directory's choice; while no host is live (one died, its replacement is starting) wait."""
@@ -212,24 +234,44 @@ class RayBackend:
                 delay = min(delay * 2, 1.0)
 
     async def _call(self, conversation_id: str, method: str, *args: Any) -> Any:
-        last: BaseException | None = None
-        for _ in range(ROUTE_ATTEMPTS):
-            name, handle = await self._host_for(conversation_id)
+        return await self._routed(
+            conversation_id, lambda link: getattr(link.handle, method).remote(conversation_id, *args))
+
+    async def _routed(self, conversation_id: str, call: Callable[[_HostLink], Awaitable[T]]) -> T:
+        """`call` on the conversation's host, re-routed until a live host answers or ROUTE_TIMEOUT_S.
+
+        Why a deadline and not a few attempts: when every host dies at once, a route fails fast
+        many times in a row — the Directory still names a dead host (`_HostGone`, or
+        `RayActorError` through the old link) until it has observed the death, then no host is
+        live until a replacement registers, and that replacement needs seconds to start. Five
+        quick attempts were used up in ~40 ms; a re-watch that gave up left its subscriber
+        attached to nothing, waiting for events no host would send it."""
+        deadline = time.monotonic() + ROUTE_TIMEOUT_S
+        delay = 0.05
+        redirects = 0
+        while True:
+            link: _HostLink | None = None
             try:
-                return await getattr(handle, method).remote(conversation_id, *args)
+                link = await self._link_for(conversation_id)
+                return await call(link)
             except WrongHost as exc:  # another host holds the activation: go there
                 self._routes[conversation_id] = exc.holder
-                last = exc
+                redirects += 1
+                last: BaseException = exc
+                if redirects < ROUTE_ATTEMPTS:
+                    continue
             except RayTaskError as exc:  # our code raised on the host (e.g. UnknownAsk): the caller's error
                 raise _cause(exc) from None
-            except RayActorError as exc:  # the host died: re-place and retry
-                link = self._links.get(name)
+            except (RayActorError, _HostGone) as exc:  # the host (or the Directory) died: re-place, retry
                 if link is not None:
                     await self._host_failed(link)
                 else:
                     self._routes.pop(conversation_id, None)
                 last = exc
-        raise RuntimeError(f"no host could take conversation {conversation_id}") from last
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no host could take conversation {conversation_id}") from last
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX_S)
 
     def _watch_lock(self, conversation_id: str) -> asyncio.Lock:
         """Watch and unwatch of one conversation run one at a time, so a subscription that ends
@@ -241,26 +283,16 @@ class RayBackend:
             await self._watch_host(conversation_id)
 
     async def _watch_host(self, conversation_id: str) -> None:
-        for _ in range(ROUTE_ATTEMPTS):
-            name, handle = await self._host_for(conversation_id)
-            try:
-                incarnation = await handle.watch.remote(self.gateway_id, conversation_id)
-            except WrongHost as exc:
-                self._routes[conversation_id] = exc.holder
-                continue
-            except RayTaskError as exc:
-                raise _cause(exc) from None
-            except RayActorError as exc:
-                log.warning("watch of %s on %s failed: %r", conversation_id, name, exc)
-                link = self._links.get(name)
-                if link is not None:
-                    await self._host_failed(link)
-                continue
-            link = self._links[name]
+        async def watch(link: _HostLink) -> None:
+            incarnation = await link.handle.watch.remote(self.gateway_id, conversation_id)
+            if self._links.get(link.name) is not link:
+                # The link failed while this watch ran: its failover re-watched what it knew of, not
+                # this conversation. Watch again, through the current link.
+                raise _HostGone(link.name)
             link.incarnation = incarnation
             link.watched.add(conversation_id)
-            return
-        raise RuntimeError(f"could not watch conversation {conversation_id}")
+
+        await self._routed(conversation_id, watch)
 
     async def _unwatch(self, conversation_id: str) -> None:
         lock = self._watch_lock(conversation_id)
@@ -277,30 +309,44 @@ class RayBackend:
             self._watch_locks.pop(conversation_id, None)
 
     async def _host_failed(self, link: _HostLink) -> None:
-        """Report the death, forget the routes through it, and re-watch what we watched there."""
-        if self._links.get(link.name) is link:
-            del self._links[link.name]
-            if link.task is not asyncio.current_task():  # the pump itself reports its host's death
-                link.task.cancel()
-        if link.incarnation is not None:
-            with contextlib.suppress(Exception):
-                await self._directory.host_failed.remote(link.name, link.incarnation)
-        else:
-            with contextlib.suppress(Exception):
-                _, incarnation = await link.handle.identity.remote()
-                await self._directory.host_failed.remote(link.name, incarnation)
+        """Forget the dead host's link and routes, re-watch what we watched there, and report it.
+
+        Once per link: its pump and any call through it may all find it dead, and only the first
+        acts. The link is the one the failing call went through, never looked up again by name —
+        by then the name may be served by a healthy replacement, whose link must live on."""
+        if self._links.get(link.name) is not link:
+            return
+        del self._links[link.name]
+        if link.task is not asyncio.current_task():  # the pump itself reports its host's death
+            link.task.cancel()
         for cid in [c for c, n in self._routes.items() if n == link.name]:
             del self._routes[cid]
         for cid in link.watched:
             if cid in self._listeners:
-                asyncio.get_running_loop().create_task(self._rewatch(cid))
+                self._spawn(self._rewatch(cid))
+        if link.incarnation is not None:
+            # The Directory observes deaths itself (a lifeline per host); this report only hurries
+            # it along, and the Directory believes it once the host does not answer it either.
+            self._directory.host_failed.remote(link.name, link.incarnation)
 
     async def _rewatch(self, conversation_id: str) -> None:
-        try:
-            await self._watch(conversation_id)  # activates it on its new host: recovery runs there
-        except Exception:
-            log.exception("re-watch of %s failed", conversation_id)
+        """Watch the conversation on its new host (activating it there, if the Directory's hand-over
+        has not already), then have its subscribers read what they missed from the store. Retried
+        for as long as anyone is subscribed: a subscriber must never be left attached to nothing."""
+        while conversation_id in self._listeners:
+            try:
+                await self._watch(conversation_id)
+                break
+            except Exception:
+                log.exception("re-watch of %s failed: retrying", conversation_id)
+                await asyncio.sleep(RETRY_MAX_S)
         self._deliver_hint(conversation_id)
+
+    def _spawn(self, work: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     def _deliver(self, batch: Sequence[Event]) -> None:
         by_conversation: dict[str, list[Event]] = {}

@@ -1,87 +1,308 @@
 """The Directory actor: the single authority on where a conversation is active
-(docs/design.md#placement).
+(docs/design.md#placement), and the one that notices a host's death (docs/design.md#host-death).
 
 A shell around `actors.hosting.placement.PlacementTable`: one named actor every gateway and host
-finds, restarted by Ray if it dies (hosts re-register within a heartbeat). It also creates the
-ConversationHosts — only it does, so two gateways never race to start the same one.
+finds, restarted by Ray if it dies (hosts re-register within a heartbeat, and re-claim what they
+host). It also creates the ConversationHosts — only it does, so two gateways never race to start
+the same one.
+
+Host death is observed here, not by whoever happens to talk to the host next. Every registered
+host incarnation gets a *lifeline*: a call the host never answers, which Ray fails with
+`ActorDiedError` the moment the host's process is gone (SIGKILL, OOM, a lost node). The Directory
+then drops the host, replaces it if it is one of the sharded hosts, and hands its conversations
+over: a live host reads in the store which of them had work in flight (a turn running or
+messages queued), and those are placed and activated at once — activation runs recovery, which
+resumes the turn. Idle ones are placed by their next frame. No gateway and no client frame is
+needed, so a turn nobody watches resumes too.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
+import time
+from collections.abc import Coroutine
+from typing import Any
 
 import ray
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
-from actors.hosting.placement import PlacementTable
+from actors.hosting.placement import NoLiveHost, PlacementTable
 from actors.ray.config import RayConfig
-from actors.ray.host import ConversationHost
-from actors.ray.names import NAMESPACE, dedicated_host, is_dedicated, sharded_host
+from actors.ray.host import ConversationHost, Registration
+from actors.ray.names import NAMESPACE, dedicated_host, is_dedicated, sharded_host, sharded_index
+
+log = logging.getLogger("reactgate.ray.directory")
+
+PROBE_TIMEOUT_S = 5.0      # a reported host that answers within this is alive, whatever the report said
+REPLACE_TIMEOUT_S = 120.0  # how long a dead sharded host's name may stay taken before we give up replacing it
+CHECK_TIMEOUT_S = 120.0    # an in-flight check may wait for a replacement's cold start; a hung host is skipped
+RETRY_MAX_S = 1.0
 
 
 @ray.remote(num_cpus=0, max_restarts=-1)
 class Directory:
-    """Placement, single activation and host incarnations (never Ray's get_if_exists)."""
+    """Placement, single activation, host incarnations and host death (never Ray's get_if_exists).
+
+    An async actor: every method runs on its one event loop, so the table has a single writer."""
 
     def __init__(self) -> None:
         self.table = PlacementTable()
         self.incarnations: dict[str, str] = {}
+        self.handles: dict[str, Any] = {}           # host name → the handle of its registered incarnation
+        self._config: RayConfig | None = None       # what replacements are built from (ensure_hosts gives it)
+        self._hosts_wanted = 0
+        self._orphans: dict[str, str] = {}          # conversation → the dead host it was assigned to
+        self._handing_over: asyncio.Task[None] | None = None
+        self._joined = asyncio.Event()              # a host registered: orphans may have a place now
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._resumed = 0
 
-    def register_host(self, name: str, incarnation: str) -> None:
+    # -- hosts ---------------------------------------------------------------------------------------
+
+    async def register_host(self, name: str, incarnation: str, handle: Any, fresh: bool = False) -> Registration:
+        """A host's start (`fresh`) and its heartbeats."""
+        known = self.incarnations.get(name)
+        if known == incarnation:
+            return Registration(known=True, wants_config=self._config is None)
+        if known is not None:
+            if not fresh:  # a heartbeat the replaced incarnation sent before it died, arriving late
+                return Registration(known=True, wants_config=self._config is None)
+            # Ray names are unique: a new process holding the name means the old one is gone. Its
+            # conversations must not stay assigned to the name, where nothing would activate them.
+            self._died(name, known)
         self.incarnations[name] = incarnation
+        self.handles[name] = handle
         self.table.add_host(name, dedicated=is_dedicated(name))
+        self._spawn(self._lifeline(name, incarnation, handle))
+        self._joined.set()
+        if self._orphans:
+            self._hand_over_soon()
+        return Registration(known=fresh, wants_config=self._config is None)
 
-    def host_failed(self, name: str, incarnation: str) -> list[str]:
+    async def reclaim(self, name: str, incarnation: str, conversation_ids: list[str]) -> list[str]:
+        """A host this (restarted) Directory did not know re-claims what it hosts; returns the ids
+        another live host holds."""
         if self.incarnations.get(name) != incarnation:
-            return []  # already replaced by a newer incarnation
-        self.incarnations.pop(name, None)
-        return self.table.host_failed(name)
+            return []
+        return [cid for cid in conversation_ids
+                if self.table.claim(cid, name, dedicated=is_dedicated(name)) != name]
 
-    def place(self, conversation_id: str) -> str:
+    async def configure(self, config: RayConfig) -> None:
+        """A host gives a restarted Directory the configuration replacements are built from."""
+        if self._config is None:
+            self._config = config
+            self._hosts_wanted = max(self._hosts_wanted, config.hosts)
+
+    async def host_failed(self, name: str, incarnation: str) -> None:
+        """A gateway could not reach a host. Believed only once the host does not answer either:
+        a false death would hand its live conversations to a second host."""
+        if self.incarnations.get(name) != incarnation:
+            return  # already handled, or a newer incarnation holds the name
+        handle = self.handles.get(name)
+        if handle is not None:
+            try:
+                await asyncio.wait_for(handle.identity.remote(), PROBE_TIMEOUT_S)
+                return
+            except ActorDiedError:
+                pass
+            except Exception:
+                return  # unreachable for now, not known dead: the lifeline decides
+        self._died(name, incarnation)
+
+    async def _lifeline(self, name: str, incarnation: str, handle: Any) -> None:
+        while self.incarnations.get(name) == incarnation:
+            try:
+                await handle.lifeline.remote()  # never answers while the host lives
+            except ActorUnavailableError:
+                await asyncio.sleep(RETRY_MAX_S)  # unreachable for a moment: not dead
+                continue
+            except RayActorError:
+                break
+            except Exception:
+                log.exception("lifeline of %s failed", name)
+                await asyncio.sleep(RETRY_MAX_S)
+        self._died(name, incarnation)
+
+    def _died(self, name: str, incarnation: str) -> None:
+        if self.incarnations.get(name) != incarnation:
+            return  # reported before, or a newer incarnation registered
+        del self.incarnations[name]
+        self.handles.pop(name, None)
+        moved = self.table.host_failed(name)
+        log.warning("host %s (%s) died holding %d conversations", name, incarnation[:8], len(moved))
+        for cid in moved:
+            self._orphans[cid] = name
+        if self._orphans:
+            self._hand_over_soon()
+        index = sharded_index(name)
+        if index is not None and index < self._hosts_wanted:
+            self._spawn(self._replace(name))
+
+    async def _replace(self, name: str) -> None:
+        """Start a new process for a dead sharded host. Its name may stay taken for a moment after
+        the death (Ray frees it once the actor is marked dead): retry until free or registered."""
+        deadline = time.monotonic() + REPLACE_TIMEOUT_S
+        delay = 0.05
+        while name not in self.incarnations and self._config is not None:
+            with contextlib.suppress(ValueError):
+                ray.get_actor(name, namespace=NAMESPACE)
+                return  # a replacement exists (ensure_hosts made it): it registers itself
+            if self._create(name, self._config, num_cpus=self._config.host_num_cpus):
+                return
+            if time.monotonic() > deadline:
+                log.error("could not replace host %s: its name stayed taken", name)
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX_S)
+
+    def _create(self, name: str, config: RayConfig, *, num_cpus: float) -> bool:
+        try:
+            handle = ConversationHost.options(  # type: ignore[attr-defined]
+                name=name, namespace=NAMESPACE, lifetime="detached", num_cpus=num_cpus,
+            ).remote(name, config)
+        except ValueError:
+            return False  # the name is taken: by a process that just died, or by another creation
+        self.handles.setdefault(name, handle)
+        handle.ready.remote()  # open the store and load LiteLLM now, before any conversation needs it
+        return True
+
+    # -- handing over a dead host's conversations ------------------------------------------------------
+
+    def _hand_over_soon(self) -> None:
+        if self._handing_over is None or self._handing_over.done():
+            self._handing_over = self._spawn(self._hand_over())
+
+    async def _hand_over(self) -> None:
+        """Resume now, on live hosts, every orphan with work in flight; leave the idle ones unplaced."""
+        delay = 0.05
+        while self._orphans:
+            checker = await self._live_host()
+            orphans = dict(self._orphans)
+            try:
+                busy = await asyncio.wait_for(self.handles[checker].in_flight.remote(list(orphans)), CHECK_TIMEOUT_S)
+            except Exception as exc:  # that host died too (its lifeline says so), hangs, or its store failed
+                log.warning("in-flight check on %s failed (%s): retrying", checker, type(exc).__name__)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_S)
+                continue
+            delay = 0.05
+            for cid, dead in orphans.items():
+                if self._orphans.get(cid) == dead:
+                    del self._orphans[cid]
+            targets: dict[str, list[str]] = {}
+            for cid in busy:
+                host = self._place_orphan(cid, orphans[cid])
+                if host is not None:
+                    targets.setdefault(host, []).append(cid)
+            for host, cids in targets.items():
+                self._spawn(self._adopt(host, cids))
+
+    async def _live_host(self) -> str:
+        while True:
+            live = [h for h in sorted(self.table.live) or sorted(self.table.dedicated) if h in self.handles]
+            if live:
+                return live[0]
+            self._joined.clear()
+            await self._joined.wait()
+
+    def _place_orphan(self, conversation_id: str, dead: str) -> str | None:
+        if is_dedicated(dead):
+            if self._config is None:
+                self._orphans[conversation_id] = dead  # until a host or gateway tells us how to build one
+                return None
+            return self._ensure_dedicated(conversation_id, self._config)
+        try:
+            return self.table.place(conversation_id)
+        except NoLiveHost:
+            self._orphans[conversation_id] = dead
+            return None
+
+    async def _adopt(self, host: str, conversation_ids: list[str]) -> None:
+        handle = self.handles.get(host)
+        try:
+            if handle is None:
+                raise ActorDiedError()
+            resumed = await handle.adopt.remote(conversation_ids)
+            self._resumed += len(resumed)
+        except RayActorError:
+            # Died before activating them. A registered host's lifeline hands them over again (they
+            # are assigned to it); one that never registered has no lifeline: hand them over here,
+            # after a pause (a dedicated host's dead name may linger a moment).
+            if host not in self.incarnations:
+                await asyncio.sleep(RETRY_MAX_S)
+                for cid in self.table.host_failed(host):
+                    self._orphans[cid] = host
+                self._hand_over_soon()
+        except Exception:
+            log.exception("adoption on %s failed", host)
+
+    def _spawn(self, work: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # -- placement ---------------------------------------------------------------------------------------
+
+    async def place(self, conversation_id: str) -> str:
         return self.table.place(conversation_id)
 
-    def claim(self, conversation_id: str, host: str) -> str:
+    async def claim(self, conversation_id: str, host: str) -> str:
         return self.table.claim(conversation_id, host, dedicated=is_dedicated(host))
 
-    def release(self, conversation_id: str, host: str) -> None:
+    async def release(self, conversation_id: str, host: str) -> None:
         self.table.release(conversation_id, host)
 
-    def hosts(self) -> list[str]:
+    async def hosts(self) -> list[str]:
         return sorted(self.table.live)
 
-    def load(self) -> dict[str, int]:
+    async def load(self) -> dict[str, int]:
         return self.table.load()
 
-    def ensure_hosts(self, count: int, config: RayConfig) -> list[str]:
+    async def handovers(self) -> dict[str, int]:
+        """For operators, tests and benches: conversations resumed by a hand-over, and still waiting."""
+        return {"resumed": self._resumed, "orphans": len(self._orphans)}
+
+    async def ensure_hosts(self, count: int, config: RayConfig) -> list[str]:
         """Create the named sharded hosts that do not exist yet (only the Directory creates them)."""
+        self._config = config
+        self._hosts_wanted = max(self._hosts_wanted, count)
         names = []
         for i in range(count):
             name = sharded_host(i)
             names.append(name)
+            if name in self.incarnations:
+                continue
             with contextlib.suppress(ValueError):
                 ray.get_actor(name, namespace=NAMESPACE)
                 continue
-            ConversationHost.options(  # type: ignore[attr-defined]
-                name=name, namespace=NAMESPACE, lifetime="detached", num_cpus=config.host_num_cpus,
-            ).remote(name, config)
+            self._create(name, config, num_cpus=config.host_num_cpus)
         return names
 
-    def ensure_dedicated(self, conversation_id: str, config: RayConfig) -> str:
+    async def ensure_dedicated(self, conversation_id: str, config: RayConfig) -> str:
         """`placement = "dedicated"`: one named actor for this conversation, created once."""
+        if self._config is None:
+            self._config = config
+        return self._ensure_dedicated(conversation_id, config)
+
+    def _ensure_dedicated(self, conversation_id: str, config: RayConfig) -> str:
         name = dedicated_host(conversation_id)
-        try:
-            ray.get_actor(name, namespace=NAMESPACE)
-        except ValueError:
-            ConversationHost.options(  # type: ignore[attr-defined]
-                name=name, namespace=NAMESPACE, lifetime="detached", num_cpus=0,
-            ).remote(name, config)
+        if name not in self.incarnations:
+            try:
+                ray.get_actor(name, namespace=NAMESPACE)
+            except ValueError:
+                self._create(name, config, num_cpus=0)
         self.table.assign(conversation_id, name, dedicated=True)
         return name
 
-    def retire(self, name: str) -> None:
+    async def retire(self, name: str) -> None:
         """A dedicated host whose conversation was passivated: its process goes away (~92 MB)."""
         if not is_dedicated(name):
             return
         self.table.host_failed(name)
-        self.incarnations.pop(name, None)
+        self.incarnations.pop(name, None)  # first: its lifeline's failure is then no death to handle
+        self.handles.pop(name, None)
         with contextlib.suppress(ValueError):
             ray.kill(ray.get_actor(name, namespace=NAMESPACE))

@@ -1,8 +1,10 @@
 """The ConversationHost actor: a shell around `HostCore` (docs/design.md#hosting).
 
 What the shell adds is what only Ray has: a named process every gateway finds, the claim of each
-activation at the Directory (docs/design.md#placement), and delivery to each gateway in batches —
-one outbox per gateway, drained by that gateway's long poll (docs/design.md#delivery).
+activation at the Directory (docs/design.md#placement), delivery to each gateway in batches —
+one outbox per gateway, drained by that gateway's long poll (docs/design.md#delivery) — and its
+part in host death (docs/design.md#host-death): a lifeline the Directory holds, and the adoption
+of a dead host's conversations that had a turn in flight.
 Everything it needs arrives in its `RayConfig`: the store URL, the profiles, the scripts, the tool
 registry; it reads nothing from its process environment.
 """
@@ -11,10 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +35,19 @@ from actors.ray.tool_pool import ToolPoolClient
 from actors.store import store_from_url
 from protocol.events import Event
 
+log = logging.getLogger("reactgate.ray.host")
+
 GATEWAY_TIMEOUT_S = 60.0     # a gateway that has not polled for this long is presumed gone
 HEARTBEAT_S = 5.0            # re-registration: a restarted Directory starts empty
+ADOPT_CONCURRENCY = 16       # activations at once when adopting a dead host's conversations
+
+
+@dataclass(frozen=True)
+class Registration:
+    """The Directory's answer to a host's registration or heartbeat."""
+
+    known: bool          # False: a restarted Directory did not know this host: re-claim what it hosts
+    wants_config: bool   # the Directory has no RayConfig to build replacements from: send it
 
 
 class WrongHost(Exception):
@@ -64,8 +79,10 @@ class ConversationHost:
         self._watches: dict[tuple[str, str], Callable[[], None]] = {}  # (gateway, conversation) → unsubscribe
         self._last_poll: dict[str, float] = {}
         self._retire = False
+        self._beating: asyncio.Task[None] | None = None
+        self._handle = ray.get_runtime_context().current_actor  # this incarnation, for the lifeline
         self._directory = ray.get_actor(DIRECTORY_NAME, namespace=NAMESPACE)
-        self._directory.register_host.remote(name, self.incarnation)
+        self._directory.register_host.remote(name, self.incarnation, self._handle, True)
 
     async def _ready(self) -> HostCore:
         if self._core is not None:
@@ -85,8 +102,8 @@ class ConversationHost:
                     claim=self._claim, release=self._release,
                 )
                 core.start()
-                asyncio.get_running_loop().create_task(self._heartbeat())
                 self._core = core
+                self._start_heartbeat()
         return self._core
 
     async def _claim(self, conversation_id: str) -> None:
@@ -99,15 +116,26 @@ class ConversationHost:
         if is_dedicated(self.name):
             self._retire = True  # the heartbeat asks the Directory to end this process, outside any call
 
+    def _start_heartbeat(self) -> None:
+        if self._beating is None:
+            self._beating = asyncio.get_running_loop().create_task(self._heartbeat())
+
     async def _heartbeat(self) -> None:
-        """Re-register (a restarted Directory starts empty) and forget gateways that went away."""
+        """Re-register (a restarted Directory starts empty: it gets this host's claims and, if it
+        lacks it, the configuration back) and forget gateways that went away."""
         while True:
             await asyncio.sleep(HEARTBEAT_S)
             if self._retire and self._core is not None and not self._core.active_ids:
                 self._directory.retire.remote(self.name)  # a dedicated host with nothing left to host
                 return
             with contextlib.suppress(Exception):
-                await self._directory.register_host.remote(self.name, self.incarnation)
+                registration = await self._directory.register_host.remote(self.name, self.incarnation, self._handle)
+                if registration.wants_config:
+                    await self._directory.configure.remote(self.config)
+                if not registration.known and self._core is not None and self._core.active_ids:
+                    taken = await self._directory.reclaim.remote(self.name, self.incarnation, self._core.active_ids)
+                    if taken:
+                        log.error("%s: %d conversations active here are claimed by another host", self.name, len(taken))
             now = time.monotonic()
             for gateway, seen in list(self._last_poll.items()):
                 if now - seen > GATEWAY_TIMEOUT_S:
@@ -117,6 +145,38 @@ class ConversationHost:
 
     def identity(self) -> tuple[str, str]:
         return self.name, self.incarnation
+
+    # -- the calls the Directory makes ------------------------------------------------------------
+
+    async def lifeline(self) -> None:
+        """Never answers. The Directory holds this call open; Ray fails it when this process dies,
+        which is how the Directory learns of the death at once (docs/design.md#host-death)."""
+        self._start_heartbeat()
+        await asyncio.get_running_loop().create_future()
+
+    async def in_flight(self, conversation_ids: list[str]) -> list[str]:
+        """Which of a dead host's conversations had work in flight, as the store tells."""
+        core = await self._ready()
+        return await core.in_flight(conversation_ids)
+
+    async def adopt(self, conversation_ids: list[str]) -> list[str]:
+        """Activate conversations a dead host left mid-turn: activation runs recovery, which resumes
+        the turn here and now, whether or not any gateway watches them. Returns those activated."""
+        core = await self._ready()
+        slots = asyncio.Semaphore(ADOPT_CONCURRENCY)
+
+        async def one(conversation_id: str) -> str | None:
+            async with slots:
+                try:
+                    await core.activate(conversation_id)
+                    return conversation_id
+                except WrongHost:
+                    return None  # another live host holds it, and resumes it
+                except Exception:
+                    log.exception("%s: adopting %s failed", self.name, conversation_id)
+                    return None
+
+        return [c for c in await asyncio.gather(*(one(c) for c in conversation_ids)) if c is not None]
 
     async def ready(self) -> str:
         """Open the store and load LiteLLM now, so no conversation's first turn pays for it."""

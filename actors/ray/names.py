@@ -39,3 +39,11 @@ def get_or_create(actor_cls: Any, name: str, *args: Any, **options: Any) -> Any:
         return actor_cls.options(name=name, namespace=NAMESPACE, lifetime="detached", **options).remote(*args)
     except ValueError:
         return ray.get_actor(name, namespace=NAMESPACE)
+
+
+def sharded_index(host: str) -> int | None:
+    """`i` of `reactgate-host-<i>`; None for any other name."""
+    if not host.startswith(HOST_PREFIX):
+        return None
+    suffix = host[len(HOST_PREFIX):]
+    return int(suffix) if suffix.isdigit() else None
