@@ -70,16 +70,48 @@ SCRIPTS: dict[str, dict[str, Any]] = {
 }
 
 
-def _profile(name: str) -> AgentProfile:
+# -- answers cut mid-stream (docs/design.md#continuation): the same on both backends ----------------
+CUT_ANSWER = "It is raining in Paris, 12 degrees. Take an umbrella and a light jacket."
+CUT_FULL = thinking("Answering.") + action({"action": "complete", "final_answer": CUT_ANSWER})
+CUT_HEAD, CUT_REST = CUT_FULL[:CUT_FULL.index("umbrella")], CUT_FULL[CUT_FULL.index("umbrella"):]
+CUT_SEEN = CUT_ANSWER[:CUT_ANSWER.index("umbrella")]       # the answer chars streamed before the cut
+WEATHER = {"text": thinking("Checking.") + action(call("demo.weather", city="Paris"))}
+BROKEN_TAIL = (thinking("Answering.") + '<channel:action>{"action": "complete", "final_answer": "'
+               + CUT_ANSWER + '", }</channel:action>')
+SCRIPTS.update({
+    "cut-error": {"rounds": [WEATHER, {"text": CUT_HEAD, "error": "server_error"}, {"text": CUT_REST}]},
+    "cut-fallback": {"rounds": [WEATHER, {"text": CUT_HEAD, "error": "unavailable"}]},
+    # the fallback model: the conversation's call index counts every call, so its answer is call 2
+    "cut-fallback-b": {"rounds": [{"error": "bad_request"}, {"error": "bad_request"}, {"text": CUT_REST}]},
+    "cut-idle": {"rounds": [WEATHER, {"deltas": [CUT_HEAD, "never sent"], "hang_after": 1}, {"text": CUT_REST}]},
+    "cut-restart": {"rounds": [WEATHER, {"text": CUT_HEAD, "error": "server_error"}, {"text": CUT_FULL}]},
+    "cut-budget": {"rounds": [WEATHER, {"text": CUT_HEAD, "error": "server_error"}, {"text": CUT_REST}]},
+    "cut-tail": {"rounds": [WEATHER, {"text": BROKEN_TAIL}]},
+})
+# agent → (what its profile adds, reason, final answer, partial)
+CUT_CASES: dict[str, tuple[dict[str, Any], str, str, bool]] = {
+    "cut-error": ({}, "complete", CUT_ANSWER, False),
+    "cut-fallback": ({"fallbacks": ["scripted/hosting-cut-fallback-b"]}, "complete", CUT_ANSWER, False),
+    "cut-idle": ({"policies": {"stream_idle_timeout_s": 1.0}}, "complete", CUT_ANSWER, False),
+    "cut-restart": ({}, "salvaged", CUT_SEEN, True),
+    "cut-budget": ({"policies": {"auto_continue_max": 0}}, "salvaged", CUT_SEEN, True),
+    "cut-tail": ({}, "salvaged", CUT_ANSWER, False),
+}
+
+
+def _profile(name: str, extra: dict[str, Any] | None = None) -> AgentProfile:
     tools = ["demo.search", "demo.weather", "demo.write_note", "demo.sleep", "react.ask_user"]
+    extra = extra or {}
     return parse_profile({
         "name": name, "model": f"scripted/hosting-{name}", "states": ["default"],
-        "policies": {"flush_interval_ms": 10},
+        "policies": {"flush_interval_ms": 10, **extra.get("policies", {})},
+        "fallbacks": extra.get("fallbacks", []),
         "tools": [{"id": t} for t in tools],
     }, known_tools=demo_registry())
 
 
-PROFILES = {name: _profile(name) for name in SCRIPTS}
+PROFILES = {name: _profile(name, CUT_CASES[name][0] if name in CUT_CASES else None)
+            for name in SCRIPTS if name != "cut-fallback-b"}
 # the ask agent again, each conversation in its own Ray actor
 PROFILES["solo"] = PROFILES["ask"].model_copy(update={"name": "solo", "placement": "dedicated"})
 
@@ -202,6 +234,24 @@ async def test_turn_streams_to_completion_with_contiguous_seqs(backend: Any) -> 
     [done] = [e for e in watch.events if e.event == "turn.completed"]
     assert done.data.reason == "complete" and done.data.final_answer == LONG_ANSWER
     assert "".join(e.data.text for e in watch.events if e.event == "answer.delta") == LONG_ANSWER
+
+
+@pytest.mark.parametrize("agent", list(CUT_CASES))
+async def test_an_answer_cut_mid_stream_is_continued_or_ends_partial(backend: Any, agent: str) -> None:
+    _, reason, final_answer, partial = CUT_CASES[agent]
+    cid = await _open(backend, agent)
+    watch = Watch(backend, cid)
+    assert await backend.command(OWNER, cid, UserMessage("m1", "weather?")) == "accepted"
+    await watch.until_event("turn.completed")
+    await watch.stop()
+    assert contiguous(watch.events)
+    [done] = [e for e in watch.events if e.event == "turn.completed"]
+    streamed = "".join(e.data.text for e in watch.events if e.event == "answer.delta")
+    assert (done.data.reason, done.data.final_answer, done.data.partial) == (reason, final_answer, partial)
+    assert streamed == final_answer                       # every character once: nothing repeated, nothing lost
+    if agent == "cut-fallback":
+        [fallback] = [e for e in watch.events if e.event == "fallback"]
+        assert fallback.data.to_model == "scripted/hosting-cut-fallback-b"
 
 
 async def test_duplicate_user_message_is_acked_duplicate_and_runs_once(backend: Any) -> None:

@@ -130,6 +130,18 @@ async def test_read_timeout_maps_to_timeout() -> None:
     assert http == ("timeout", False)
 
 
+@pytest.mark.parametrize("hang_after", [1, 2])   # mid-stream, and after the last chunk (no finish)
+async def test_a_hanging_round_goes_silent_on_both_players_until_the_idle_timeout_cuts_it(hang_after: int) -> None:
+    script = Script(rounds=[Round(deltas=["ab", "cd"], hang_after=hang_after)])
+    runner, port = await start_mock_server(script)
+    try:
+        http = await outcome("openai/x", 0, f"http://127.0.0.1:{port}/v1", idle_timeout_s=0.3)
+    finally:
+        await runner.cleanup()
+    direct = await outcome(register_script(f"m-hang-{hang_after}", script), 0, idle_timeout_s=0.3)
+    assert http == direct == ("timeout", True)
+
+
 async def test_closing_early_closes_the_http_stream(server: Server) -> None:
     runner, port = await start_mock_server(Script(rounds=[Round(text="z" * 2000, chunk_chars=1, delay_ms=2)]))
     try:

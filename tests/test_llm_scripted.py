@@ -116,6 +116,8 @@ def test_round_defaults() -> None:
         ({"error": "teapot"}, "rounds.0.error"),
         ({"text": "a", "finish_reason": "done"}, "rounds.0.finish_reason"),
         ({"text": "a", "colour": "red"}, "rounds.0.colour"),
+        ({"text": "a", "hang_after": -1}, "rounds.0.hang_after"),
+        ({"text": "a", "hang_after": 0, "error": "timeout"}, "one of `hang_after`, `error`"),
     ],
 )
 def test_invalid_round_is_rejected_naming_the_field(round_: dict[str, Any], needle: str) -> None:

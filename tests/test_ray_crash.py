@@ -3,7 +3,8 @@
 
 One local Ray (2 CPUs) and one gateway-side `RayBackend` for the module. Each repeat opens a fresh
 set of conversations, streams a long answer in all of them, and SIGKILLs every ConversationHost
-process (pids from the hosts' own `stats`) right after the first `answer.delta` any subscriber sees.
+process (pids from the hosts' own `stats`) once every subscriber has seen part of the answer (the
+scripted model hangs mid-answer, so no turn can end before the kill).
 Some conversations are watched by a subscriber that stays subscribed through the crash; some are
 watched by nobody, so only the runtime itself can bring their turns back.
 
@@ -54,23 +55,25 @@ REPEATS = 10
 # the replacement hosts must start first — a process, the store, LiteLLM — which took 8–12 s on
 # 2 shared cores; the cut turns then resume and end within ~2 s.
 TURN_TIMEOUT_S = 90.0
-SCRIPT = "crash-answer"
 ANSWER = ("Rain over Paris all afternoon, twelve degrees, a west wind along the Seine; "
           "take an umbrella and a coat, and keep the evening for a café near the river. ") * 2
 ANSWER = ANSWER[:250]
 RESPONSE = thinking("Answering from what I know.") + action({"action": "complete", "final_answer": ANSWER})
+HANG_AFTER = (RESPONSE.index(ANSWER) + 40) // 4   # chunks: the thinking, then 40-odd answer chars
+_WHOLE = {"text": RESPONSE, "chunk_chars": 4, "delay_ms": 2}
+SCRIPTS: dict[str, dict[str, Any]] = {
+    # The first call of a conversation streams part of the answer, then hangs: its turn cannot end
+    # before the kill, however late the kill comes on a loaded machine. A call that asks to continue
+    # a cut response gets the rest of it (docs/design.md#scripted-model); later turns stream whole.
+    "crash": {"continues": True, "rounds": [{**_WHOLE, "hang_after": HANG_AFTER}] + [_WHOLE] * 4},
+    "whole": {"loop": True, "rounds": [_WHOLE]},
+}
 
 
-def _script() -> dict[str, Any]:
-    # Every call streams the whole response slowly (time to cut it); a call that asks to continue a
-    # cut response gets the rest of it instead (docs/design.md#scripted-model).
-    return {"loop": True, "continues": True, "rounds": [{"text": RESPONSE, "chunk_chars": 4, "delay_ms": 8}]}
-
-
-def _profile() -> AgentProfile:
+def _profile(name: str) -> AgentProfile:
     # tool-less: the answer is the first round (finish policy allow_no_tool)
     return parse_profile({
-        "name": "crash", "model": f"scripted/{SCRIPT}", "states": ["default"],
+        "name": name, "model": f"scripted/crash-{name}", "states": ["default"],
         "policies": {"flush_interval_ms": 10}, "tools": [],
     }, known_tools=demo_registry())
 
@@ -86,11 +89,14 @@ def ray_cluster() -> Any:
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def backend(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[RayBackend]:
     root = tmp_path_factory.mktemp("crash")
-    path = root / "crash.json"
-    path.write_text(json.dumps(_script()))
-    register_script(SCRIPT, path)
+    scripts = {}
+    for name, script in SCRIPTS.items():
+        path = root / f"{name}.json"
+        path.write_text(json.dumps(script))
+        scripts[f"crash-{name}"] = str(path)
+        register_script(f"crash-{name}", path)
     config = RayConfig(store_url=f"sqlite:///{root / 'crash.sqlite3'}", registry=demo_registry(),
-                       profiles={"crash": _profile()}, scripts={SCRIPT: str(path)}, idle_ttl_s=600, hosts=2)
+                       profiles={name: _profile(name) for name in SCRIPTS}, scripts=scripts, idle_ttl_s=600, hosts=2)
     b = RayBackend(config, default_agent="crash")
     await b.start()
     yield b
@@ -187,7 +193,7 @@ async def test_a_route_to_a_host_that_no_longer_exists_is_retried_not_given_up(b
     # Directory, which still named a host whose actor was gone; `ray.get_actor` raised ValueError,
     # the re-watch gave up, and its subscriber stayed attached to nothing. Here the Directory names
     # such a host more times in a row than the old fixed number of attempts (5).
-    cid = (await backend.open(OWNER, None, "crash", None)).conversation_id
+    cid = (await backend.open(OWNER, None, "whole", None)).conversation_id
     real = backend._directory
     backend._directory = _VanishedHostFirst(real, times=8)
     watch = Watch(backend, cid)
@@ -212,8 +218,9 @@ async def test_every_turn_completes_whole_after_every_host_is_killed_mid_answer(
         pids = await _host_pids(backend)
         acks = await asyncio.gather(*(backend.command(OWNER, c, UserMessage(f"{c}-1", "Weather?")) for c in cids))
         assert acks == ["accepted"] * len(cids)
-        await _until(lambda: any(e.event == "answer.delta" for w in watches.values() for e in w.events),
-                     TURN_TIMEOUT_S, poll_s=0.002)
+        # every watched turn is mid-answer (and stays so: its model hangs) when the hosts die
+        await _until(lambda: all(any(e.event == "answer.delta" for e in w.events) for w in watches.values()),
+                     TURN_TIMEOUT_S)
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
         killed_at = time.monotonic()

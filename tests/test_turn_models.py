@@ -149,7 +149,7 @@ async def test_a_provider_silent_between_chunks_is_cut_and_continued() -> None:
     head, rest = cut(full, "umbrella")
     h = harness(rounds_script(
         tool_round("demo.weather", city="Paris"),
-        {"deltas": [head, "never sent"], "delay_ms": 400},   # the second delta comes too late
+        {"deltas": [head, "never sent"], "hang_after": 1},   # the provider goes silent mid-answer
         text_round(rest),
     ), stream_idle_timeout_s=0.2)
     done = await h.turn("weather in paris?")

@@ -33,6 +33,7 @@ from actors.llm.scripts import (
     Script,
     ScriptError,
     ScriptExhausted,
+    hang,
     load_script,
     playback_position,
 )
@@ -124,10 +125,14 @@ async def _stream(request: web.Request, model: str, round_: Round) -> web.Stream
     stats = request.app[STATS]
     try:
         for i, text in enumerate(round_.chunks):
+            if round_.hangs_before(i):
+                await hang()
             if delay:
                 await asyncio.sleep(delay)
             delta = {"role": "assistant", "content": text} if i == 0 else {"content": text}
             await response.write(_sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}))
+        if round_.hangs_before(len(round_.chunks)):
+            await hang()
         if round_.error is not None:
             # A provider failing mid-stream: OpenAI sends an error event inside the 200 stream.
             kind = round_.error

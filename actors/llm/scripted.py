@@ -32,6 +32,7 @@ from actors.llm.scripts import (
     ScriptExhausted,
     UnknownScript,
     get_script,
+    hang,
     playback_position,
 )
 
@@ -109,11 +110,15 @@ class ScriptedLLM(CustomLLM):
             raise provider_exception(ErrorKind.TIMEOUT, model, f"no chunk within {read_timeout:g} s")
         self.open_streams += 1
         try:
-            for text in round_.chunks:
+            for i, text in enumerate(round_.chunks):
+                if round_.hangs_before(i):
+                    await hang()
                 # sleep(0) too: like a real provider's socket, yield to the loop between chunks, so
                 # other conversations and the event log's flusher run while one streams.
                 await asyncio.sleep(delay)
                 yield _chunk(text)
+            if round_.hangs_before(len(round_.chunks)):
+                await hang()
             if round_.error is not None:
                 if delay and not round_.chunks:
                     await asyncio.sleep(delay)

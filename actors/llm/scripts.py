@@ -11,6 +11,7 @@ where it was). The call index travels as two HTTP-style headers, harmless for re
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections import OrderedDict
@@ -24,6 +25,7 @@ from pydantic import (
     ConfigDict,
     Field,
     NonNegativeFloat,
+    NonNegativeInt,
     PositiveInt,
     PrivateAttr,
     ValidationError,
@@ -99,6 +101,9 @@ class Round(BaseModel):
     error: ErrorKind | None = None
     finish_reason: FinishReason = "stop"
     delay_ms: NonNegativeFloat = 0
+    # A provider that hangs mid-answer: after this many chunks the stream goes silent and never
+    # ends by itself — only the caller's stream idle timeout, a cancel or the process's death ends it.
+    hang_after: NonNegativeInt | None = None
 
     _chunks: tuple[str, ...] = PrivateAttr(default=())
 
@@ -110,6 +115,8 @@ class Round(BaseModel):
             raise ValueError("a round needs `deltas`, `text` or `error`")
         if self.chunk_chars is not None and self.text is None:
             raise ValueError("`chunk_chars` applies only to `text`")
+        if self.hang_after is not None and self.error is not None:
+            raise ValueError("a round that hangs never reaches its `error`: give one of `hang_after`, `error`")
         return self
 
     def model_post_init(self, context: Any, /) -> None:
@@ -127,6 +134,15 @@ class Round(BaseModel):
     @property
     def delay_s(self) -> float:
         return self.delay_ms / 1000.0
+
+    def hangs_before(self, i: int) -> bool:
+        """Whether the stream goes silent, for good, before chunk `i` (or, i = len(chunks), its end)."""
+        return self.hang_after is not None and i >= self.hang_after
+
+
+async def hang() -> None:
+    """A stream gone silent for good (`Round.hang_after`): waits until cancelled."""
+    await asyncio.get_running_loop().create_future()
 
 
 _FINAL_ANSWER = re.compile(r'"final_answer"\s*:\s*"')
