@@ -17,7 +17,7 @@ from typing import Any, Final
 
 import msgspec
 
-from actors.catalog import ToolDecl
+from actors.catalog import ASK_USER_TOOL, ToolDecl, Trait
 from actors.gates import CONTINUE_EXPLORING, EXPLORATION_MARKER, STOP_EXPLORING
 from protocol.timeline import (
     Block,
@@ -93,15 +93,53 @@ Rules you are held to:
 - Observations and runtime notices arrive as user messages starting with [observation] or [notice]. A notice says
   exactly what was rejected and why; correct that and continue.
 
-Worked example — the user asks "What's the weather in Paris?":
+{example}"""
+
+# The demo agent's worked example (docs/design.md#demo-tools); any other agent gets one built from
+# its own tools, so no agent's prompt mentions a tool it does not have.
+_DEMO_EXAMPLE: Final = """Worked example — the user asks "What's the weather in Paris?":
 <channel:thinking>Checking the weather in Paris.</channel:thinking>
 <channel:action>```json
-{{"action": "call_tool", "tool_call": {{"tool_id": "demo.weather", "params": {{"city": "Paris"}}}}}}
+{"action": "call_tool", "tool_call": {"tool_id": "demo.weather", "params": {"city": "Paris"}}}
 ```</channel:action>
-Then, after the observation {{"city": "Paris", "condition": "rain", "temp_c": 12}}:
+Then, after the observation {"city": "Paris", "condition": "rain", "temp_c": 12}:
 <channel:thinking>Paris is rainy right now.</channel:thinking>
-<channel:action>{{"action": "complete", "final_answer": "It is raining in Paris, 12 °C."}}</channel:action>
+<channel:action>{"action": "complete", "final_answer": "It is raining in Paris, 12 °C."}</channel:action>
 """
+_DEMO_EXAMPLE_TOOL: Final = "demo.weather"
+
+_EXAMPLE: Final = """Worked example — the user asks something your tool {tool_id} can look up:
+<channel:thinking>Looking that up.</channel:thinking>
+<channel:action>```json
+{call}
+```</channel:action>
+Then, after the observation:
+<channel:thinking>I have what I need.</channel:thinking>
+<channel:action>{{"action": "complete", "final_answer": "<the answer, from the observation>"}}</channel:action>
+"""
+
+_EXAMPLE_WITHOUT_TOOLS: Final = """Worked example — the user asks a question you can answer:
+<channel:thinking>Answering directly.</channel:thinking>
+<channel:action>{"action": "complete", "final_answer": "<the answer>"}</channel:action>
+"""
+
+_PLACEHOLDERS: Final = {"string": "…", "integer": 1, "number": 1.5, "boolean": True, "array": [], "object": {}}
+
+
+def worked_example(tools: Sequence[ToolDecl]) -> str:
+    """The protocol's worked example, from the agent's own tools: the demo's for the demo agent, a
+    call of its first tool (an exploration tool if it has one) otherwise, a direct answer if none."""
+    callable_tools = [d for d in tools if d.tool_id != ASK_USER_TOOL]
+    if any(d.tool_id == _DEMO_EXAMPLE_TOOL for d in callable_tools):
+        return _DEMO_EXAMPLE
+    if not callable_tools:
+        return _EXAMPLE_WITHOUT_TOOLS
+    decl = next((d for d in callable_tools if d.trait == Trait.EXPLORATION), callable_tools[0])
+    properties = decl.params_schema.get("properties", {})
+    params = {name: _PLACEHOLDERS.get(str(properties.get(name, {}).get("type")), "…")
+              for name in decl.params_schema.get("required", [])}
+    call = {"action": "call_tool", "tool_call": {"tool_id": decl.tool_id, "params": params}}
+    return _EXAMPLE.format(tool_id=decl.tool_id, call=json.dumps(call, ensure_ascii=False))
 
 
 def system_prompt(
@@ -114,12 +152,18 @@ def system_prompt(
     exploration_cap: int,
     allow_no_tool: bool,
     ledger: str,
+    instructions: str | None = None,
 ) -> str:
+    """The system prompt: the agent's own instructions first, then the protocol with a worked
+    example built from the tools available now, then those tools — the same declarations the gates
+    decide from, so the prompt and the gates never disagree."""
     finish_note = " (this agent may also answer without a tool when no tool is needed)" if allow_no_tool else ""
-    parts = [
+    parts = [instructions.strip() + "\n"] if instructions and instructions.strip() else []
+    parts += [
         _PROTOCOL.format(
             max_actions=max_actions, cap=exploration_cap, marker=EXPLORATION_MARKER,
             cont=CONTINUE_EXPLORING, stop=STOP_EXPLORING, finish_note=finish_note,
+            example=worked_example(tools),
         ),
         f"Agent: {agent}. Current state: {state}. Mode: {mode}"
         + (" (read-only: tools that write are not available)." if mode == "ask" else "."),

@@ -23,6 +23,7 @@ from actors.context import Step, TokenCounter
 from actors.eventlog import EventLog
 from actors.llm.stream import StreamItem
 from actors.profile import AgentProfile, Policies
+from actors.store.base import RoundOutput
 from actors.tools.registry import ToolRegistry
 from actors.turn import Turn, TurnProgress
 from protocol.events import EventData
@@ -89,12 +90,9 @@ class Conversation:
         self.profile = profile
         self.runtime = runtime
         self.events = events
-        self._catalog = (
-            runtime.registry.catalog()
-            .restricted_to(profile.tool_ids)
-            .with_overrides(profile.trait_overrides(), profile.tool_states())
-        )
+        self._catalog = profile.catalog_from(runtime.registry.catalog())
         self._count_tokens = runtime.count_tokens or litellm_token_counter(profile.model)
+        self._model_settings = {m: profile.settings_for(m) for m in profile.models}
         self._answers: dict[str, asyncio.Future[str]] = {}
         self._turn: Turn | None = None
         self._runner: asyncio.Task[None] | None = None
@@ -116,6 +114,10 @@ class Conversation:
     @property
     def agent_name(self) -> str:
         return self.profile.name
+
+    @property
+    def instructions(self) -> str | None:
+        return self.profile.instructions
 
     @property
     def policies(self) -> Policies:
@@ -218,6 +220,10 @@ class Conversation:
     def emit(self, data: EventData) -> None:
         self.events.emit(data)
 
+    def record_output(self, output: RoundOutput) -> None:
+        """A round's raw output: durable with its round.completed, never published (docs/design.md#replay)."""
+        self.events.attach(output)
+
     def record(self, block: Block) -> None:
         self.state.timeline.append(block)
 
@@ -235,7 +241,7 @@ class Conversation:
         return self.runtime.stream_model(  # type: ignore[no-any-return]
             tuple(models or self.profile.models), messages, conversation_id=self.conversation_id,
             next_call_index=self._next_call_index, idle_timeout_s=self.policies.stream_idle_timeout_s,
-            **self.runtime.model_kwargs,
+            settings=self._model_settings, **self.runtime.model_kwargs,
         )
 
     def _next_call_index(self) -> int:

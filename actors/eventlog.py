@@ -7,6 +7,8 @@
   event closes the open delta first, so order is preserved.
 - Write-ahead rule: events go to subscribers only after `persist` returned (the store made them
   durable). No event reaches a client before it is durable (docs/design.md#write-ahead).
+- A round's raw output (`attach`) is persisted with the next batch, the one holding the round's
+  `round.completed`, and is never published (docs/design.md#replay).
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from actors.store.base import RoundOutput
 from protocol.events import AnswerDelta, Event, EventData, ThinkingDelta
 
-Persist = Callable[[Sequence[Event]], Awaitable[None]]
+Persist = Callable[[Sequence[Event], Sequence[RoundOutput]], Awaitable[None]]
 Publish = Callable[[Sequence[Event]], None]
 Delta = ThinkingDelta | AnswerDelta
 
@@ -60,6 +63,7 @@ class EventLog:
         self._open: _OpenDelta | None = None
         self._lanes_seen: set[tuple[type, str, int]] = set()
         self._outbox: list[Event] = []
+        self._outputs: list[RoundOutput] = []   # ride with the next batch; never published
         self._subscribers: list[Publish] = []
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
@@ -88,6 +92,14 @@ class EventLog:
             return
         self._close_open()
         self._final(data)
+
+    def attach(self, output: RoundOutput) -> None:
+        """A round's raw output, persisted in the same append as the next events: the caller emits
+        the round's `round.completed` right after, so the output is durable exactly when that event
+        is (docs/design.md#replay). Never published: it holds what the gates kept from the user."""
+        if self._failure is not None:
+            raise RuntimeError("the event log can no longer persist") from self._failure
+        self._outputs.append(output)
 
     def _close_open(self) -> None:
         if self._open is not None:
@@ -144,9 +156,10 @@ class EventLog:
                     self._close_open()
                 continue
             batch, self._outbox = self._outbox, []
+            outputs, self._outputs = self._outputs, []
             try:
                 if self._persist is not None:
-                    await self._persist(batch)
+                    await self._persist(batch, outputs)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a store failure must never look like delivery

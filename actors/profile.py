@@ -22,10 +22,11 @@ from pydantic import (
     StrictInt,
     ValidationError,
     ValidationInfo,
+    field_validator,
     model_validator,
 )
 
-from actors.catalog import Trait
+from actors.catalog import Catalog, Safety, Trait
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "builtin"
 DEMO_PROFILE = BUILTIN_DIR / "demo.toml"
@@ -38,6 +39,7 @@ NonNegativeInt = Annotated[StrictInt, Field(ge=0)]
 PositiveSeconds = Annotated[StrictFloat | StrictInt, Field(gt=0)]
 
 _DEFER_CHECKS = "reactgate.profile.defer_checks"
+BUILTIN_PREFIXES = frozenset({"demo", "react"})   # the built-in tools' namespaces: no MCP server may take them
 
 
 class ProfileError(ValueError):
@@ -62,12 +64,125 @@ class Policies(BaseModel):
     flush_interval_ms: NonNegativeInt = 25        # 0: no coalescing
 
 
+# -- MCP servers (docs/design.md#mcp-servers): declared here, talked to by actors/tools/mcp.py ------
+
+
+class McpToolEntry(BaseModel):
+    """A declared tool: what the gates decide from (docs/design.md#traits). Only these are offered."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    trait: Trait
+    safety: Safety = Safety.SAFE
+    uses_code: bool = False
+    transitions_state: bool = False
+
+
+class McpServerConfig(BaseModel):
+    """One `[[mcp_servers]]` entry of a profile. Pickled into every process that runs tools.
+
+    Treat `env` and `tools` as read-only: the config is hashed by value.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    command: tuple[str, ...] | None = None   # stdio: the program and its arguments
+    url: str | None = None                   # streamable HTTP endpoint
+    cwd: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)  # over the SDK's minimal inherited environment
+    startup_timeout_s: float = Field(default=10.0, gt=0, allow_inf_nan=False)
+    call_timeout_s: float = Field(default=30.0, gt=0, allow_inf_nan=False)
+    tools: dict[str, McpToolEntry]
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, name: str) -> str:
+        if not name or "." in name:
+            raise ValueError("must be non-empty and contain no '.': the server's tools are named '<name>.<tool>'")
+        return name
+
+    @field_validator("command")
+    @classmethod
+    def _runnable_command(cls, command: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if command is not None and (not command or not command[0]):
+            raise ValueError('must name the program to run, e.g. ["python", "notes_server.py"]')
+        return command
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, url: str | None) -> str | None:
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL (a streamable HTTP endpoint)")
+        return url
+
+    @field_validator("tools")
+    @classmethod
+    def _some_tools(cls, tools: dict[str, McpToolEntry]) -> dict[str, McpToolEntry]:
+        if not tools:
+            raise ValueError("declare at least one tool: only declared tools are offered to the model")
+        if "" in tools:
+            raise ValueError("a tool name must be non-empty")
+        return tools
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServerConfig:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("give exactly one of command (a stdio server) or url (a streamable HTTP server)")
+        if self.url is not None and (self.cwd is not None or self.env):
+            raise ValueError("cwd and env apply to a command, not to a url")
+        return self
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.command, self.url, self.cwd, tuple(sorted(self.env.items())),
+                     self.startup_timeout_s, self.call_timeout_s, tuple(sorted(self.tools.items()))))
+
+    def tool_id(self, name: str) -> str:
+        return f"{self.name}.{name}"
+
+
 class ToolEntry(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     id: Name
+    impl: Name | None = None            # "module:attr" of a @tool function or a Tool; None: a built-in tool
     states: tuple[Name, ...] | None = Field(default=None, min_length=1)  # None: every state
     trait: Trait | None = None                                           # per-profile override
+
+
+# Completion parameters the runtime sets itself: a profile that sets them would break a guarantee
+# (streaming, counted calls with no hidden retries, the scripted model's headers) or leak a key.
+RESERVED_SETTINGS = {
+    "model": "set by `model` / `fallbacks`",
+    "messages": "built by the runtime",
+    "stream": "the runtime always streams",
+    "extra_headers": "carries the conversation's call index",
+    "max_retries": "no hidden retries: every model call is counted",
+    "num_retries": "no hidden retries: every model call is counted",
+    "api_key": "never write a key in a profile: name its environment variable in `api_key_env`",
+}
+
+
+class ModelSettings(BaseModel):
+    """LiteLLM completion parameters for one model (docs/design.md#model-settings): `api_base`,
+    `api_key_env` (the *name* of the variable holding the key, read where the model is called),
+    and any other parameter LiteLLM accepts (temperature, max_tokens, top_p, …)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    api_base: str | None = None
+    api_key_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = None
+
+    @model_validator(mode="after")
+    def _no_reserved(self) -> ModelSettings:
+        for key in self.model_extra or {}:
+            if key in RESERVED_SETTINGS:
+                raise ValueError(f"{key!r} cannot be set here: {RESERVED_SETTINGS[key]}")
+        return self
+
+    def call_settings(self) -> dict[str, Any]:
+        """What goes to the model call, the key still named, not read."""
+        return self.model_dump(exclude_none=True)
 
 
 class AgentProfile(BaseModel):
@@ -76,6 +191,12 @@ class AgentProfile(BaseModel):
     name: Name
     model: Name
     fallbacks: tuple[Name, ...] = ()
+    # Placed in the system prompt ahead of the protocol rules. `instructions_file` (relative to the
+    # profile) is read when the profile is loaded, into `instructions`.
+    instructions: str | None = None
+    instructions_file: Name | None = None
+    model_settings: ModelSettings = ModelSettings()
+    fallback_settings: dict[str, ModelSettings] = {}   # per fallback model
     states: tuple[Name, ...] = Field(default=("default",), min_length=1)
     initial_state: Name | None = None  # None: the first state
     policies: Policies = Policies()
@@ -83,6 +204,7 @@ class AgentProfile(BaseModel):
     # ray backend: "sharded" (many conversations per ConversationHost) or "dedicated" (one named
     # Ray actor per conversation: process isolation, ~90 MB each — docs/design.md#placement)
     placement: Literal["sharded", "dedicated"] = "sharded"
+    mcp_servers: tuple[McpServerConfig, ...] = ()
 
     @model_validator(mode="after")
     def _consistent(self, info: ValidationInfo) -> AgentProfile:
@@ -106,16 +228,31 @@ class AgentProfile(BaseModel):
             out.append(("states", f"duplicate state names in {list(self.states)}"))
         if self.initial_state not in states:
             out.append(("initial_state", f"{self.initial_state!r} is not one of the states {list(self.states)}"))
+        if self.instructions is not None and self.instructions_file is not None:
+            out.append(("instructions_file", "give `instructions` or `instructions_file`, not both"))
+        for model in self.fallback_settings:
+            if model not in self.fallbacks:
+                out.append((f"fallback_settings.{model}", f"{model!r} is not one of the fallbacks {list(self.fallbacks)}"))
         seen: set[str] = set()
         for i, tool in enumerate(self.tools):
             if tool.id in seen:
                 out.append((f"tools[{i}].id", f"duplicate tool id {tool.id!r}"))
             seen.add(tool.id)
-            if known_tools is not None and tool.id not in known_tools:
-                out.append((f"tools[{i}].id", f"unknown tool {tool.id!r}"))
+            if known_tools is not None and tool.impl is None and tool.id not in known_tools:
+                out.append((f"tools[{i}].id", f"unknown tool {tool.id!r} (a tool of your own needs `impl`)"))
             for state in tool.states or ():
                 if state not in states:
                     out.append((f"tools[{i}].states", f"{state!r} is not one of the states {list(self.states)}"))
+        names: set[str] = set()
+        for i, server in enumerate(self.mcp_servers):
+            if server.name in names:
+                out.append((f"mcp_servers[{i}].name", f"duplicate server name {server.name!r}"))
+            names.add(server.name)
+            if server.name in BUILTIN_PREFIXES:
+                out.append((f"mcp_servers[{i}].name", f"{server.name!r} is reserved for the built-in tools"))
+            for name in server.tools:
+                if server.tool_id(name) in seen:
+                    out.append((f"mcp_servers[{i}].tools.{name}", f"{server.tool_id(name)!r} is also in [[tools]]"))
         return out
 
     # -- what the runtime reads ----------------------------------------------------------------
@@ -127,7 +264,23 @@ class AgentProfile(BaseModel):
 
     @property
     def tool_ids(self) -> tuple[str, ...]:
-        return tuple(t.id for t in self.tools)
+        """Every tool the agent has: its `[[tools]]` and its MCP servers' declared tools."""
+        return tuple(t.id for t in self.tools) + self.mcp_tool_ids
+
+    @property
+    def mcp_tool_ids(self) -> tuple[str, ...]:
+        return tuple(server.tool_id(name) for server in self.mcp_servers for name in server.tools)
+
+    def settings_for(self, model: str) -> dict[str, Any]:
+        """The completion parameters of `model`: `model_settings` for the model, `fallback_settings`
+        for a fallback (a model that is both uses the model's)."""
+        chosen = self.model_settings if model == self.model else self.fallback_settings.get(model, ModelSettings())
+        return chosen.call_settings()
+
+    def catalog_from(self, everything: Catalog) -> Catalog:
+        """This agent's tools out of every tool a runtime has, with the profile's trait overrides and
+        availability: what its gates decide from and its prompt lists."""
+        return everything.restricted_to(self.tool_ids).with_overrides(self.trait_overrides(), self.tool_states())
 
     def tool_states(self) -> dict[str, frozenset[str] | None]:
         """Availability matrix (docs/design.md#states): tool id → states it is available in (None: all)."""
@@ -184,12 +337,29 @@ def load_profile(path_or_text: str | Path, known_tools: Container[str] | None) -
         except OSError as exc:
             raise ProfileError(f"{path}: cannot read profile: {exc.strerror or exc}") from None
     else:
-        source, text = "<profile>", path_or_text
+        path, source, text = None, "<profile>", path_or_text
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ProfileError(f"{source}: invalid TOML: {exc}") from None
-    return parse_profile(data, known_tools, source)
+    profile = parse_profile(data, known_tools, source)
+    if profile.instructions_file is not None:
+        where = (path.parent if path is not None else Path.cwd()) / profile.instructions_file
+        try:
+            instructions = where.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ProfileError(f"{source}: instructions_file: cannot read {where}: {exc.strerror or exc}") from None
+        profile = profile.model_copy(update={"instructions": instructions})
+    if path is not None and profile.mcp_servers:
+        # A stdio server runs in the profile's directory unless its `cwd` says otherwise (relative
+        # to the profile, too): `command = ["python", "notes_server.py"]` finds the file beside it.
+        here = path.resolve().parent
+        servers = tuple(
+            s.model_copy(update={"cwd": str(here / s.cwd) if s.cwd else str(here)}) if s.command else s
+            for s in profile.mcp_servers
+        )
+        profile = profile.model_copy(update={"mcp_servers": servers})
+    return profile
 
 
 def demo_profile(known_tools: Container[str] | None = None) -> AgentProfile:

@@ -35,6 +35,7 @@ from actors.round import (
     ToolCallReady,
     interrupted_round,
 )
+from actors.store.base import RoundOutput
 from protocol.events import (
     AskUser,
     EndReason,
@@ -167,6 +168,8 @@ class TurnContext(Protocol):
     @property
     def agent_name(self) -> str: ...
     @property
+    def instructions(self) -> str | None: ...
+    @property
     def policies(self) -> Policies: ...
     @property
     def profile_models(self) -> Sequence[str]: ...
@@ -184,6 +187,7 @@ class TurnContext(Protocol):
     def ledger(self) -> Sequence[Step]: ...
 
     def emit(self, data: EventData) -> None: ...
+    def record_output(self, output: RoundOutput) -> None: ...
     def record(self, block: Block) -> None: ...
     def add_step(self, step: Step) -> None: ...
     def checkpoint(self) -> Awaitable[None] | None: ...
@@ -255,6 +259,7 @@ class Turn:
         self.cut = progress.cut
         self._partial = False      # the turn ends with an answer that was cut short
         self._streaming = False    # a round's model stream is open
+        self._models: list[str] = []  # the models whose deltas the round's engine got
         self.cancelled_by_user = False
         self._steer_text: str | None = None
         self._inner: asyncio.Task[Any] | None = None
@@ -366,7 +371,7 @@ class Turn:
                     self.phase = transition(self.phase, Move.STEER)
                     continue
             else:
-                self._round_completed(result)
+                self._round_completed(result, engine)
             self.ctx.checkpoint()
 
             move = OUTCOME_MOVES[result.outcome]
@@ -456,6 +461,7 @@ class Turn:
             agent=ctx.agent_name, state=rules.state, mode=rules.mode, tools=tools,
             max_actions=pol.max_actions_per_round, exploration_cap=pol.exploration_soft_cap,
             allow_no_tool=pol.finish_policy == "allow_no_tool", ledger=ledger_summary(ctx.ledger),
+            instructions=ctx.instructions,
         )
         return assemble(
             system, ctx.timeline, turn_id=self.turn_id,
@@ -468,6 +474,7 @@ class Turn:
         early stop. `resumed`: the round a crash cut mid-answer, replayed into `engine`; it goes on
         from its durable text with a continuation."""
         self._streaming = True
+        self._models = []
         try:
             return await self._stream_round(engine, resumed)
         finally:
@@ -488,6 +495,7 @@ class Turn:
             finish_reason: str | None = None
             cut: ProviderError | None = None
             restarted = False
+            model = (models or self.ctx.profile_models)[0]  # the one streaming; a fallback moves it on
             try:
                 async with contextlib.aclosing(self.ctx.stream(messages, models)) as stream:  # type: ignore[type-var]
                     async for item in stream:
@@ -496,11 +504,14 @@ class Turn:
                             if text is None:
                                 restarted = True
                                 break  # the model started over: nothing of it reaches the user
+                            if text and model not in self._models:
+                                self._models.append(model)
                             for event in engine.feed(text):
                                 self._stream_event(event)
                             if engine.aborted:
                                 break  # the prefix policy closes the provider stream
                         elif type(item) is ModelFallback:
+                            model = item.to_model
                             self._emit(Fallback(from_model=item.from_model, to_model=item.to_model, error=item.error))
                         elif type(item) is ModelFinished:
                             finish_reason = item.finish_reason
@@ -584,7 +595,7 @@ class Turn:
         cut_calls, result.calls = result.calls, []
         if engine.answer_streamed:
             result.outcome = RoundOutcome.SALVAGE  # an answer the user saw is kept, never regenerated
-        self._round_completed(result, steered=True)
+        self._round_completed(result, engine, steered=True)
         self._record_calls(cut_calls)
         for c in cut_calls:  # announced calls the steer cut: each still gets an observation
             self._observe(c.call, _steered(c.call))
@@ -595,7 +606,13 @@ class Turn:
         text, self._steer_text = self._steer_text or "", None
         return text
 
-    def _round_completed(self, result: RoundResult, *, steered: bool = False) -> None:
+    def _round_completed(self, result: RoundResult, engine: RoundEngine, *, steered: bool = False) -> None:
+        # Durable with this round.completed, never shown: what the model wrote, before any gate
+        # (docs/design.md#replay).
+        self.ctx.record_output(RoundOutput(
+            turn_id=self.turn_id, round=self.round_no, raw=engine.raw_text(), models=tuple(self._models),
+            mode=str(engine.rules.mode), agent_state=engine.rules.state, phase=str(self.phase),
+        ))
         if result.thinking:
             self.ctx.record(ThinkingBlock(self.turn_id, self.round_no, result.thinking))
         for notice in result.notices:

@@ -8,23 +8,28 @@ This is the edge where configuration is read: the backends below receive typed o
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
+from actors.agent import load_agent
 from actors.conversation import Runtime
 from actors.hosting.backend import Backend
 from actors.llm.scripts import load_script, register_script
 from actors.llm.stream import stream_model
-from actors.profile import AgentProfile, demo_profile, load_profile
+from actors.profile import AgentProfile
 from actors.ray.config import RayConfig
 from actors.store import store_from_url
-from actors.tools.demo import demo_registry
 from actors.tools.durable import DurableTools
 from actors.tools.executor import LocalToolExecutor
 from actors.tools.registry import ToolRegistry
 from gateway.settings import Settings
 
 SERVE_SCRIPT_NAME = "serve"
+T = TypeVar("T")
 
 
 class StartupError(Exception):
@@ -39,13 +44,13 @@ class AgentSetup:
 
 
 def agent_setup(settings: Settings) -> AgentSetup:
-    registry = demo_registry()
+    """The agent, loaded as `reactgate agent check` loads it: its tools imported, its MCP servers
+    asked for their tools (docs/design.md#your-own-agent)."""
     try:
-        profile = (
-            load_profile(settings.agent, known_tools=registry) if settings.agent else demo_profile(known_tools=registry)
-        )
+        agent = _run(load_agent(Path(settings.agent) if settings.agent else None))
     except ValueError as exc:  # ProfileError names the file and the field
         raise StartupError(str(exc)) from None
+    profile, registry = agent.profile, agent.registry
     if settings.model:
         profile = profile.with_model(settings.model)
     script_path = None
@@ -54,6 +59,17 @@ def agent_setup(settings: Settings) -> AgentSetup:
         register_playback(script_path)
         profile = profile.with_script(SERVE_SCRIPT_NAME)
     return AgentSetup(profile, registry, script_path)
+
+
+def _run(work: Coroutine[Any, Any, T]) -> T:
+    """Run start-up work to completion from sync code, inside a running loop or not (tests build
+    backends from within theirs): in that case on a thread with a loop of its own."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(work)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, work).result()
 
 
 def register_playback(script_path: Path) -> None:

@@ -68,6 +68,18 @@ def main(argv: list[str] | None = None) -> int:
     load.add_argument("--message", help="the user message every turn sends")
     load.add_argument("--seed", type=int, help="seed for the drop schedule")
 
+    agent = sub.add_parser("agent", help="work with agent profiles")
+    agent_sub = agent.add_subparsers(dest="agent_command", required=True)
+    agent_check = agent_sub.add_parser(
+        "check", help="load a profile as serve would (tools imported, MCP servers started) and print its tools per state",
+    )
+    agent_check.add_argument("profile", help="agent profile TOML")
+    agent_check.add_argument("--json", action="store_true", help="print JSON instead of tables")
+
+    from gateway.replay_command import add_parser as add_replay_parser
+
+    add_replay_parser(sub)
+
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)
@@ -80,6 +92,16 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.command == "loadtest":
         return _loadtest(args)
+    if args.command == "replay":
+        from gateway.replay_command import run as run_replay
+
+        return run_replay(args)
+    if args.command == "agent":
+        from pathlib import Path
+
+        from gateway.agent_check import check
+
+        return check(Path(args.profile), as_json=args.json)
     if args.command == "mock-llm":
         from actors.llm.mock_server import run_mock_server
 

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 from actors.eventlog import EventLog
+from actors.store.base import RoundOutput
 from protocol.events import (
     AnswerDelta,
     EndReason,
@@ -54,7 +55,7 @@ async def test_no_event_is_published_before_the_store_made_it_durable() -> None:
     release = asyncio.Event()
     persisted: list[int] = []
 
-    async def persist(batch: Sequence[Event]) -> None:
+    async def persist(batch: Sequence[Event], outputs: Sequence[RoundOutput]) -> None:
         await release.wait()
         persisted.extend(e.seq for e in batch)
 
@@ -71,7 +72,29 @@ async def test_no_event_is_published_before_the_store_made_it_durable() -> None:
     await log.close()
 
 
-async def _failing_persist(batch: Sequence[Event]) -> None:
+async def test_a_round_output_is_persisted_with_its_round_completed_and_never_published() -> None:
+    persisted: list[tuple[list[str], list[RoundOutput]]] = []
+
+    async def persist(batch: Sequence[Event], outputs: Sequence[RoundOutput]) -> None:
+        persisted.append(([e.event for e in batch], list(outputs)))
+
+    log = EventLog("c", flush_interval_ms=LONG_MS, persist=persist)
+    published = Published()
+    log.subscribe(published)
+    log.emit(STARTED)
+    await log.flush()
+    log.emit(delta("a"))
+    log.emit(delta("b"))                          # held open by the window
+    output = RoundOutput(turn_id="t1", round=1, raw="<channel:thinking>x</channel:thinking>")
+    log.attach(output)
+    log.emit(ROUND)
+    await log.flush()
+    assert persisted == [(["turn.started"], []), (["answer.delta", "answer.delta", "round.completed"], [output])]
+    assert [e.event for e in published.events] == ["turn.started", "answer.delta", "answer.delta", "round.completed"]
+    await log.close()
+
+
+async def _failing_persist(batch: Sequence[Event], outputs: Sequence[RoundOutput]) -> None:
     raise OSError("disk full")
 
 

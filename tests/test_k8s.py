@@ -65,6 +65,9 @@ REQUIRED_RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "LITELLM_LOCAL_MODEL_COST_MA
 # The profile shape (docs/design.md#profiles) as the runtime's model defines it; the demo tools
 # (docs/design.md#demo-tools).
 PROFILE_KEYS = set(AgentProfile.model_fields)
+# What the demo agent states; the other keys (instructions, model settings, MCP servers) are a user
+# agent's and optional.
+DEMO_PROFILE_KEYS = {"name", "model", "fallbacks", "states", "initial_state", "placement", "policies", "tools"}
 POLICY_KEYS = set(Policies.model_fields)
 DEMO_TOOLS = {tool.tool_id for tool in demo_registry()}
 DEMO_STATES = ["default", "focused"]
@@ -369,8 +372,8 @@ def profile_problems(docs: list[dict[str, Any]]) -> list[str]:
     except tomllib.TOMLDecodeError as exc:
         return [f"demo.toml is not TOML: {exc}"]
     problems = []
-    if profile.keys() != PROFILE_KEYS:
-        problems.append(f"profile keys {sorted(profile)} != {sorted(PROFILE_KEYS)}")
+    if not DEMO_PROFILE_KEYS <= profile.keys() <= PROFILE_KEYS:
+        problems.append(f"profile keys {sorted(profile)}: not the demo's {sorted(DEMO_PROFILE_KEYS)}, or unknown ones")
     if profile.get("policies", {}).keys() != POLICY_KEYS:
         problems.append(f"policies keys {sorted(profile.get('policies', {}))} != {sorted(POLICY_KEYS)}")
     if profile.get("states") != DEMO_STATES or profile.get("initial_state") != "default":
@@ -588,3 +591,29 @@ def test_agent_profile_loads_through_the_runtime_loader(docs: list[dict[str, Any
     broken = demo_profile_text(docs).replace("max_iterations = 15", "max_iterations = 0")
     with pytest.raises(ProfileError, match=re.escape("policies.max_iterations")):
         load_profile(broken, known_tools=registry)
+
+
+def tool_mount_problems(docs: list[dict[str, Any]]) -> list[str]:
+    """Every Ray pod runs tools (hosts validate, the tool pool executes): each must see the agent
+    profiles and the tool modules beside them at the gateway's path (docs/design.md#your-tools)."""
+    problems = []
+    for template in ray_pod_templates(docs):
+        spec = template["spec"]
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        for container in spec["containers"]:
+            mounts = [m for m in container.get("volumeMounts", []) if m["mountPath"] == AGENTS_MOUNT]
+            if len(mounts) != 1 or not mounts[0].get("readOnly"):
+                problems.append(f"{container['name']}: no read-only mount at {AGENTS_MOUNT}")
+            elif volumes.get(mounts[0]["name"], {}).get("configMap", {}).get("name") != "reactgate-agents":
+                problems.append(f"{container['name']}: {AGENTS_MOUNT} is not the reactgate-agents ConfigMap")
+    return problems
+
+
+def test_every_ray_pod_sees_the_agents_tool_modules_where_the_gateway_does(docs: list[dict[str, Any]]) -> None:
+    assert tool_mount_problems(docs) == []
+
+    def unmount_workers(d: list[dict[str, Any]]) -> None:
+        worker = find(d, "RayCluster")["spec"]["workerGroupSpecs"][0]["template"]["spec"]
+        worker["containers"][0].pop("volumeMounts")
+
+    assert tool_mount_problems(breaking(docs, unmount_workers)) == ["ray-worker: no read-only mount at /etc/reactgate/agents"]

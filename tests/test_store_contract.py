@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -14,6 +15,7 @@ from actors.hosting.backend import Owner
 from actors.store import (
     IDEMPOTENCY_TTL_S,
     ConversationExists,
+    RoundOutput,
     SeqConflict,
     Store,
     StoreClosed,
@@ -364,6 +366,100 @@ async def test_tool_results_are_per_conversation(store: Store) -> None:
     assert (await store.tool_result("a", "call-1"), await store.tool_result("b", "call-1")) == (b"A", b"B")
 
 
+# -- round outputs (docs/design.md#replay) ------------------------------------------------------
+
+
+def output(turn_id: str = "t1", round_no: int = 1, raw: str = "<channel:thinking>x</channel:thinking>") -> RoundOutput:
+    return RoundOutput(turn_id=turn_id, round=round_no, raw=raw, models=("scripted/a", "scripted/b"),
+                       mode="ask", agent_state="focused", phase="finalize")
+
+
+async def test_round_outputs_commit_with_their_append_and_round_trip_exactly(store: Store) -> None:
+    raw = '<channel:thinking>é€😀 "quoted" \x00 \ud800</channel:thinking>\n<channel:action>{}</channel:action>'
+    await store.append_events("c", evs("c", 1, 3), [output(raw=raw), output(round_no=2)])
+    assert await store.round_outputs("c") == [output(raw=raw), output(round_no=2)]
+
+
+async def test_round_outputs_of_a_conversation_without_any_are_empty(store: Store) -> None:
+    await store.append_events("c", evs("c", 1, 2))
+    assert await store.round_outputs("c") == []
+    assert await store.round_outputs("nobody") == []
+
+
+async def test_round_outputs_of_a_refused_append_are_not_written(store: Store) -> None:
+    await store.append_events("c", evs("c", 1, 2), [output(round_no=1)])
+    with pytest.raises(SeqConflict):
+        await store.append_events("c", evs("c", 2, 3), [output(round_no=2)])
+    assert await store.round_outputs("c") == [output(round_no=1)]
+
+
+async def test_round_outputs_need_events_to_ride_with(store: Store) -> None:
+    await store.append_events("c", [], [output()])
+    assert await store.round_outputs("c") == []
+
+
+async def test_a_round_output_written_again_keeps_the_first(store: Store) -> None:
+    await store.append_events("c", evs("c", 1, 1), [output(raw="first")])
+    await store.append_events("c", evs("c", 2, 2), [output(raw="second")])
+    assert [o.raw for o in await store.round_outputs("c")] == ["first"]
+
+
+async def test_round_outputs_come_back_in_append_order_not_name_order(store: Store) -> None:
+    rounds = [("t9", 1), ("t9", 2), ("t10", 1), ("t11", 1)]
+    for seq, (turn_id, round_no) in enumerate(rounds, start=1):
+        await store.append_events("c", evs("c", seq, seq), [output(turn_id, round_no)])
+    assert [(o.turn_id, o.round) for o in await store.round_outputs("c")] == rounds
+
+
+async def test_round_outputs_are_per_conversation(store: Store) -> None:
+    await store.append_events("a", evs("a", 1, 1), [output(raw="A")])
+    await store.append_events("b", evs("b", 1, 1), [output(raw="B")])
+    assert [o.raw for o in await store.round_outputs("a")] == ["A"]
+
+
+async def test_round_outputs_of_a_batch_land_with_their_appends_only(store: Store) -> None:
+    await store.append_events("bad", evs("bad", 1, 1))
+    results = await asyncio.gather(
+        *(store.append_events(f"c{i}", evs(f"c{i}", 1, 2), [output(raw=f"c{i}")]) for i in range(20)),
+        store.append_events("bad", evs("bad", 1, 1), [output(raw="refused")]),
+        return_exceptions=True,
+    )
+    assert results[:20] == [None] * 20 and isinstance(results[20], SeqConflict)
+    assert [[o.raw for o in await store.round_outputs(f"c{i}")] for i in range(20)] == [[f"c{i}"] for i in range(20)]
+    assert await store.round_outputs("bad") == []
+
+
+def _drop_round_outputs(store: Store) -> None:
+    """Make the backing database what a store created before round outputs existed."""
+    if isinstance(store, SqliteStore):
+        with sqlite3.connect(store.path) as conn:
+            conn.execute("DROP TABLE round_outputs")
+        return
+    assert isinstance(store, PostgresStore) and store.schema is not None
+    with psycopg.connect(store.dsn, autocommit=True) as conn:
+        conn.execute(f'DROP TABLE "{store.schema}".round_outputs')
+
+
+async def test_a_database_created_before_round_outputs_gains_them_when_opened(make_durable_store: StoreFactory) -> None:
+    s = make_durable_store()
+    await s.open()
+    await s.append_events("c", evs("c", 1, 3))
+    await s.save_snapshot("c", 3, b"snap")
+    await s.close()
+    _drop_round_outputs(s)
+
+    s = make_durable_store()
+    await s.open()
+    try:
+        assert await s.read_events("c", 0) == evs("c", 1, 3)
+        assert await s.load_snapshot("c") == (3, b"snap")
+        assert await s.round_outputs("c") == []
+        await s.append_events("c", evs("c", 4, 4), [output()])      # the log goes on, outputs with it
+        assert await s.round_outputs("c") == [output()]
+    finally:
+        await s.close()
+
+
 # -- lifecycle ----------------------------------------------------------------------------------
 
 
@@ -376,18 +472,20 @@ async def test_reopened_store_has_everything(make_durable_store: StoreFactory) -
     await s.save_snapshot("c", 3, b"snap")
     await s.remember_key("c", "msg-1", 100.0)
     await s.record_tool_result("c", "call-1", b"result")
+    await s.append_events("c", evs("c", 4, 4), [output()])
     await s.close()
 
     s = make_durable_store()
     await s.open()
     try:
         assert await s.conversation_owner("c") == (owner, "demo")
-        assert await s.read_events("c", 0) == evs("c", 1, 3)
-        assert await s.last_seq("c") == 3
+        assert await s.read_events("c", 0) == evs("c", 1, 4)
+        assert await s.last_seq("c") == 4
         assert await s.load_snapshot("c") == (3, b"snap")
         assert await s.remember_key("c", "msg-1", 200.0) is False
         assert await s.tool_result("c", "call-1") == b"result"
-        await s.append_events("c", evs("c", 4, 4))       # the log goes on where it stopped
+        assert await s.round_outputs("c") == [output()]
+        await s.append_events("c", evs("c", 5, 5))       # the log goes on where it stopped
     finally:
         await s.close()
 

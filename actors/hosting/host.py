@@ -201,7 +201,7 @@ class HostCore:
             conversation_id,
             last_seq=last_seq,
             flush_interval_ms=profile.policies.flush_interval_ms,
-            persist=lambda batch: self.store.append_events(conversation_id, batch),
+            persist=lambda batch, outputs: self.store.append_events(conversation_id, batch, outputs),
             clock=self.clock,
         )
         if state.tools:  # the executor's part of the snapshot (counters, workspace)

@@ -7,6 +7,7 @@ conversation gets `Forbidden`, whether or not it exists.
 
 from __future__ import annotations
 
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -49,6 +50,8 @@ class LocalBackend:
     async def stop(self) -> None:
         await self.host.close()
         await self.store.close()
+        if "actors.tools.mcp" in sys.modules:  # tools ran here: stop the MCP servers they started
+            await sys.modules["actors.tools.mcp"].close_sessions()
 
     async def open(self, owner: Owner, conversation_id: str | None, agent: str | None, mode: str | None) -> Opened:
         conversation_id, created = await self.owners.open(

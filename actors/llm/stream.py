@@ -16,11 +16,12 @@ from __future__ import annotations
 import asyncio
 import re
 import sys
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from actors.llm.keys import MissingKey, call_kwargs, scrub
 from actors.llm.scripts import CALL_INDEX_HEADER, CONVERSATION_HEADER, ERROR_TABLE, SCRIPT_EXHAUSTED
 
 
@@ -175,9 +176,12 @@ async def stream_model(
     max_tokens: int | None = None,
     timeout_s: float | None = None,
     idle_timeout_s: float | None = None,
+    settings: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> AsyncGenerator[StreamItem, None]:
     """Stream one model answer, falling back along `models` while nothing has been delivered.
 
+    `settings` maps a model to its completion parameters (a profile's `model_settings`,
+    docs/design.md#model-settings); its key is read here, from the variable the settings name.
     `idle_timeout_s` bounds the wait for each chunk after the first delta: a provider that goes
     silent mid-answer cuts the stream (a `timeout` ProviderError after the first delta), which the
     turn continues like any other cut (docs/design.md#continuation). Close it early (`aclose()`, or leave an `async with contextlib.aclosing(...)` block) to abort a
@@ -207,7 +211,10 @@ async def stream_model(
         delivered = False
         finish_reason: str | None = None
         stream: Any = None
+        key: str | None = None
         try:
+            own, key = call_kwargs((settings or {}).get(model, {}))
+            kwargs.update(own)
             stream = await litellm.acompletion(model=model, messages=messages, stream=True, **kwargs)
             chunks = stream.__aiter__()
             while True:
@@ -230,10 +237,11 @@ async def stream_model(
                     finish_reason = choice.finish_reason
                     break  # see LEAN_SETTINGS: do not drain into LiteLLM's end-of-stream rebuild
         except Exception as exc:
-            kind = "timeout" if isinstance(exc, _Silent) else error_kind(exc)
-            error = ProviderError(kind, model, _message(exc), after_first_delta=delivered)
+            kind = "timeout" if isinstance(exc, _Silent) else "auth" if isinstance(exc, MissingKey) else error_kind(exc)
+            error = ProviderError(kind, model, scrub(_message(exc), key), after_first_delta=delivered)
             if delivered or position + 1 == len(models):
-                raise error from exc
+                # The provider's own exception may quote the key: chain it only when there is none.
+                raise error from (exc if key is None else None)
             described = error.message if error.message.startswith(error.kind) else f"{error.kind}: {error.message}"
             yield ModelFallback(model, models[position + 1], described)
             continue

@@ -18,6 +18,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from actors.store.base import (
     IDEMPOTENCY_TTL_S,
     ConversationExists,
+    RoundOutput,
     SeqConflict,
     Store,
     StoreClosed,
@@ -28,6 +29,7 @@ from actors.store.base import (
 __all__ = [
     "IDEMPOTENCY_TTL_S",
     "ConversationExists",
+    "RoundOutput",
     "SeqConflict",
     "Store",
     "StoreClosed",

@@ -9,7 +9,8 @@ protects the guarantees that survive crashes and re-activations:
   `SeqConflict`, checked inside the committing transaction, so two activations that ever raced
   cannot both write the same seq;
 - idempotency keys (docs/wire-protocol.md#10-delivery-idempotency-resume-multiplexing) are checked and inserted atomically;
-- a tool call whose result is durable is never executed again (docs/design.md#recovery): first write wins.
+- a tool call whose result is durable is never executed again (docs/design.md#recovery): first write wins;
+- a round's raw output commits with the append that completes the round (docs/design.md#replay).
 
 Every write goes through a group-commit queue (`GroupCommit`): concurrent writes of many
 conversations share one transaction and one fsync, which is what makes one SQLite file carry many
@@ -22,7 +23,9 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
+from typing import Any, Final, Generic, Protocol, TypeVar, runtime_checkable
+
+import msgspec
 
 from actors.hosting.backend import Owner
 from protocol.events import Event, decode_data, encode_data
@@ -58,6 +61,40 @@ class SeqConflict(StoreError):
 
 class ConversationExists(StoreError):
     """`create_conversation` named an id that already exists with another owner or agent."""
+
+
+class RoundOutput(msgspec.Struct, frozen=True, kw_only=True):
+    """What the model wrote in one round, before any gate, and what the round ran under
+    (docs/design.md#replay). Never shown to a client: it holds denied lanes and swallowed text.
+
+    `raw` is every call of the round as the round's decoder saw it, continuations included;
+    `models` the models whose deltas it holds, in order. `mode`, `agent_state` and `phase` are the
+    round's, as its gates saw them: a mode is a user's setting no event records."""
+
+    turn_id: str
+    round: int
+    raw: str
+    models: tuple[str, ...] = ()
+    mode: str = "agent"
+    agent_state: str = "default"
+    phase: str = "decision"
+
+
+_MODELS_ENCODER: Final = msgspec.json.Encoder()
+_MODELS_DECODER: Final = msgspec.json.Decoder(tuple[str, ...])
+
+
+def output_row(conversation_id: str, seq: int, output: RoundOutput) -> tuple[str, str, int, int, bytes, str, str, str, str]:
+    """A round output as the columns of `round_outputs`, committed with the append ending at `seq`.
+    Whatever the model wrote is stored, a lone surrogate included: it must never fail the append."""
+    return (conversation_id, output.turn_id, output.round, seq, output.raw.encode("utf-8", "surrogatepass"),
+            _MODELS_ENCODER.encode(list(output.models)).decode(), output.mode, output.agent_state, output.phase)
+
+
+def decode_output(turn_id: str, round_no: int, raw: bytes, models: str, mode: str, agent_state: str,
+                  phase: str) -> RoundOutput:
+    return RoundOutput(turn_id=turn_id, round=int(round_no), raw=bytes(raw).decode("utf-8", "surrogatepass"),
+                       models=_MODELS_DECODER.decode(models), mode=mode, agent_state=agent_state, phase=phase)
 
 
 @dataclass(slots=True)
@@ -96,9 +133,15 @@ class Store(Protocol):
         """(owner, agent) of the conversation, or None when it does not exist."""
         ...
 
-    async def append_events(self, conversation_id: str, events: Sequence[Event]) -> None:
+    async def append_events(
+        self, conversation_id: str, events: Sequence[Event], outputs: Sequence[RoundOutput] = ()
+    ) -> None:
         """Append events with caller-assigned, contiguous seqs starting at last_seq + 1.
-        Durable when it returns. Raises SeqConflict (nothing written) otherwise."""
+        Durable when it returns. Raises SeqConflict (nothing written) otherwise.
+
+        `outputs`, the raw outputs of the rounds these events complete, commit in the same
+        transaction, or not at all (docs/design.md#replay). They need events to ride with: an
+        append of no events writes nothing. A round already stored keeps its first output."""
         ...
 
     async def read_events(
@@ -134,6 +177,11 @@ class Store(Protocol):
 
     async def tool_result(self, conversation_id: str, call_id: str) -> bytes | None:
         """The durable result of a tool call, or None if it never completed durably."""
+        ...
+
+    async def round_outputs(self, conversation_id: str) -> list[RoundOutput]:
+        """Every stored round output of the conversation, in the order they were appended. A
+        conversation recorded before outputs were stored has none (docs/design.md#replay)."""
         ...
 
 

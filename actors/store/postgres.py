@@ -7,7 +7,8 @@ Several processes (hosts) may share one database: the seq check reads the conver
 the backstop, so two activations that ever raced cannot both append the same seq (a seq is never
 reused: docs/design.md#store); keys and tool results rely on `ON CONFLICT DO NOTHING`, atomic
 across processes. All the appends of a batch are written with three statements, whatever their
-number. The schema and the SQL are shared with the SQLite store: actors/store/schema.py.
+number, and the round outputs riding with them with one more. The schema and the SQL are shared
+with the SQLite store: actors/store/schema.py.
 
 Durability follows the server's `synchronous_commit` (on by default: a commit is flushed).
 """
@@ -29,13 +30,16 @@ from actors.store.base import (
     ConversationExists,
     GroupCommit,
     Outcome,
+    RoundOutput,
     SeqConflict,
     StoreClosed,
     StoreError,
     StoreStats,
     check_append,
     decode_event,
+    decode_output,
     encode_event_data,
+    output_row,
 )
 from actors.store.schema import POSTGRES_SQL as SQL
 from protocol.events import Event
@@ -54,6 +58,7 @@ class _Append:
     names: list[str]
     datas: list[bytes]
     tss: list[float]
+    outputs: list[tuple[Any, ...]]      # round_outputs rows, committed with these events
 
 
 WriteOp = _Append | Callable[[Conn], Awaitable[Any]]
@@ -236,7 +241,9 @@ class PostgresStore:
 
     # -- events -----------------------------------------------------------------------------
 
-    async def append_events(self, conversation_id: str, events: Sequence[Event]) -> None:
+    async def append_events(
+        self, conversation_id: str, events: Sequence[Event], outputs: Sequence[RoundOutput] = ()
+    ) -> None:
         if not events:
             return
         check_append(conversation_id, events)
@@ -248,6 +255,7 @@ class PostgresStore:
             [e.event for e in events],
             [encode_event_data(e) for e in events],
             [e.ts for e in events],
+            [output_row(conversation_id, events[-1].seq, o) for o in outputs],
         )
         await self._group.submit(op, kind="append", events=len(events))
 
@@ -316,9 +324,18 @@ class PostgresStore:
             row = await cur.fetchone()
         return None if row is None else bytes(row[0])
 
+    # -- round outputs (docs/design.md#replay) -----------------------------------------------
+
+    async def round_outputs(self, conversation_id: str) -> list[RoundOutput]:
+        async with self._reader() as conn:
+            cur = await conn.execute(SQL.read_round_outputs, (conversation_id,))
+            rows = await cur.fetchall()
+        return [decode_output(*row) for row in rows]
+
 
 async def _append_all(conn: Conn, appends: list[_Append]) -> list[Outcome]:
-    """Write every append of a batch in three statements, whatever the batch size.
+    """Write every append of a batch in three statements (a fourth for round outputs), whatever the
+    batch size.
 
     The conversations' `streams` rows are locked (in id order, so that processes sharing the
     database cannot deadlock) and their last_seq read; each append is checked against it in
@@ -355,4 +372,7 @@ async def _append_all(conn: Conn, appends: list[_Append]) -> list[Outcome]:
     )
     changed = sorted({a.conversation_id for a in accepted})
     await conn.execute(SQL.set_last_seqs, (changed, [current[cid] for cid in changed]))
+    rows = [row for a in accepted for row in a.outputs]
+    if rows:  # only with accepted appends: an output commits with its round's events (docs/design.md#replay)
+        await conn.execute(SQL.insert_round_outputs, tuple(list(column) for column in zip(*rows, strict=True)))
     return outcomes

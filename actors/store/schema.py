@@ -4,8 +4,9 @@ Both stores keep the same tables and run the same statements; the dialects diffe
 placeholder style (`?` for sqlite3, `%s` for psycopg), a few type names, and SQLite's
 `WITHOUT ROWID` on the tables that are only ever reached by their primary key. So the DDL is one
 template and every statement is written once, with `?` placeholders, and rendered per dialect:
-`SQLITE_SQL` and `POSTGRES_SQL`. The rendered DDL is, to the byte, what the stores always created,
-so existing databases keep working.
+`SQLITE_SQL` and `POSTGRES_SQL`. Every table is created `IF NOT EXISTS`, and a table is only ever
+added, never changed: a database created before a table existed gains it when a store opens it, and
+what it already holds keeps its layout (`round_outputs` came that way: docs/design.md#replay).
 
 What only one dialect runs is marked as such: SQLite appends row-wise (`executemany`), while
 PostgreSQL writes all the appends of a batch set-wise (`unnest`) after locking their `streams`
@@ -42,6 +43,11 @@ POSTGRES = Dialect("postgresql", "%s", "text", "bigint", "double precision", "by
 
 # Tables. `streams` holds each conversation's last_seq: the append's seq check reads it inside the
 # committing transaction (docs/design.md#write-ahead), and the events primary key is the backstop.
+# `round_outputs` holds what the model wrote in each round, before any gate, committed with the
+# append that carries the round's `round.completed` (`seq` is that append's last seq), so that a
+# completed round always has its output (docs/design.md#replay). `raw` is UTF-8 bytes: model text
+# may hold a NUL, which a PostgreSQL text column refuses (and a refused append stops the log).
+# `models` is a JSON array.
 _DDL = """
 CREATE TABLE IF NOT EXISTS conversations (
     conversation_id {text} PRIMARY KEY,
@@ -80,12 +86,28 @@ CREATE TABLE IF NOT EXISTS tool_results (
     payload {blob} NOT NULL,
     PRIMARY KEY (conversation_id, call_id)
 );
+CREATE TABLE IF NOT EXISTS round_outputs (
+    conversation_id {text} NOT NULL,
+    turn_id {text} NOT NULL,
+    round {integer} NOT NULL,
+    seq {integer} NOT NULL,
+    raw {blob} NOT NULL,
+    models {text} NOT NULL,
+    mode {text} NOT NULL,
+    agent_state {text} NOT NULL,
+    phase {text} NOT NULL,
+    PRIMARY KEY (conversation_id, turn_id, round)
+);
 """
 
 # The heads and tails the row-wise (SQLite) and set-wise (PostgreSQL) appends share.
 _INSERT_EVENTS = "INSERT INTO events (conversation_id, seq, event, data, ts)"
 _UPSERT_STREAMS = "INSERT INTO streams (conversation_id, last_seq)"
 _SET_LAST_SEQ = " ON CONFLICT (conversation_id) DO UPDATE SET last_seq = excluded.last_seq"
+_INSERT_ROUND_OUTPUTS = (
+    "INSERT INTO round_outputs (conversation_id, turn_id, round, seq, raw, models, mode, agent_state, phase)"
+)
+_ROUND_OUTPUT_ONCE = " ON CONFLICT (conversation_id, turn_id, round) DO NOTHING"
 
 
 class Statements:
@@ -141,6 +163,13 @@ class Statements:
         )
         self.tool_result = sql("SELECT payload FROM tool_results WHERE conversation_id = ? AND call_id = ?")
 
+        # round outputs (docs/design.md#replay): written with their round's events; a round is
+        # written once, and a repeat (a stale activation's) changes nothing.
+        self.read_round_outputs = sql(
+            "SELECT turn_id, round, raw, models, mode, agent_state, phase FROM round_outputs"
+            " WHERE conversation_id = ? ORDER BY seq, turn_id, round"
+        )
+
 
 class SqliteStatements(Statements):
     """SQLite only: an append is written row by row (`executemany`) and its stream row set."""
@@ -149,10 +178,14 @@ class SqliteStatements(Statements):
         super().__init__(SQLITE)
         self.insert_event = SQLITE.sql(_INSERT_EVENTS + " VALUES (?, ?, ?, ?, ?)")
         self.set_last_seq = SQLITE.sql(_UPSERT_STREAMS + " VALUES (?, ?)" + _SET_LAST_SEQ)
+        self.insert_round_output = SQLITE.sql(
+            _INSERT_ROUND_OUTPUTS + " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)" + _ROUND_OUTPUT_ONCE
+        )
 
 
 class PostgresStatements(Statements):
-    """PostgreSQL only: all the appends of a batch in three statements, whatever their number.
+    """PostgreSQL only: all the appends of a batch in three statements (four with round outputs),
+    whatever their number.
 
     Each statement takes arrays (one element per row, psycopg adapts Python lists).
     """
@@ -170,6 +203,12 @@ class PostgresStatements(Statements):
         )
         self.set_last_seqs = (
             _UPSERT_STREAMS + " SELECT * FROM unnest(%s::text[], %s::bigint[])" + _SET_LAST_SEQ
+        )
+        self.insert_round_outputs = (
+            _INSERT_ROUND_OUTPUTS
+            + " SELECT * FROM unnest(%s::text[], %s::text[], %s::bigint[], %s::bigint[], %s::bytea[],"
+            " %s::text[], %s::text[], %s::text[], %s::text[])"
+            + _ROUND_OUTPUT_ONCE
         )
 
 

@@ -32,12 +32,15 @@ from actors.store.base import (
     ConversationExists,
     GroupCommit,
     Outcome,
+    RoundOutput,
     SeqConflict,
     StoreClosed,
     StoreStats,
     check_append,
     decode_event,
+    decode_output,
     encode_event_data,
+    output_row,
 )
 from actors.store.schema import SQLITE_SQL as SQL
 from protocol.events import Event
@@ -205,13 +208,16 @@ class SqliteStore:
 
     # -- events -----------------------------------------------------------------------------
 
-    async def append_events(self, conversation_id: str, events: Sequence[Event]) -> None:
+    async def append_events(
+        self, conversation_id: str, events: Sequence[Event], outputs: Sequence[RoundOutput] = ()
+    ) -> None:
         if not events:
             return
         check_append(conversation_id, events)
         rows = [(conversation_id, e.seq, e.event, encode_event_data(e), e.ts) for e in events]
+        output_rows = [output_row(conversation_id, events[-1].seq, o) for o in outputs]
         await self._group.submit(
-            functools.partial(_append, conversation_id, rows), kind="append", events=len(rows)
+            functools.partial(_append, conversation_id, rows, output_rows), kind="append", events=len(rows)
         )
 
     async def read_events(
@@ -264,6 +270,15 @@ class SqliteStore:
 
         return await self._read(read)
 
+    # -- round outputs (docs/design.md#replay) -----------------------------------------------
+
+    async def round_outputs(self, conversation_id: str) -> list[RoundOutput]:
+        def read(conn: sqlite3.Connection) -> list[RoundOutput]:
+            rows = conn.execute(SQL.read_round_outputs, (conversation_id,)).fetchall()
+            return [decode_output(*row) for row in rows]
+
+        return await self._read(read)
+
 
 # -- write ops: run on the writer thread, inside the batch transaction ----------------------------
 
@@ -273,7 +288,10 @@ def _last_seq(conversation_id: str, conn: sqlite3.Connection) -> int:
     return 0 if row is None else int(row[0])
 
 
-def _append(conversation_id: str, rows: list[tuple[str, int, str, bytes, float]], conn: sqlite3.Connection) -> None:
+def _append(
+    conversation_id: str, rows: list[tuple[str, int, str, bytes, float]], output_rows: list[tuple[Any, ...]],
+    conn: sqlite3.Connection,
+) -> None:
     # Checked inside the committing transaction, against the durable log: this is what keeps a seq
     # from ever being reused, whatever any caller believes last_seq is.
     last = _last_seq(conversation_id, conn)
@@ -282,6 +300,8 @@ def _append(conversation_id: str, rows: list[tuple[str, int, str, bytes, float]]
         raise SeqConflict(conversation_id, first, last)
     conn.execute(SQL.set_last_seq, (conversation_id, rows[-1][1]))
     conn.executemany(SQL.insert_event, rows)
+    if output_rows:  # in the op's savepoint: with its round's events, or not at all (docs/design.md#replay)
+        conn.executemany(SQL.insert_round_output, output_rows)
 
 
 def _create_conversation(

@@ -7,11 +7,13 @@ the executor is the only caller of handlers.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
 
+import jsonschema  # type: ignore[import-untyped]
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from actors.catalog import Catalog, Safety, ToolDecl, Trait
@@ -67,6 +69,9 @@ class Tool(Generic[P]):
     uses_code: bool = False
     transitions_state: bool = False
     description: str = ""
+    # A tool described by a JSON Schema instead of a pydantic model (an MCP tool's inputSchema):
+    # calls are validated against it, and the handler gets a `SchemaParams` holding the params.
+    params_schema: Mapping[str, Any] | None = None
 
     def decl(self) -> ToolDecl:
         return ToolDecl(
@@ -76,18 +81,33 @@ class Tool(Generic[P]):
             uses_code=self.uses_code,
             transitions_state=self.transitions_state,
             description=self.description,
-            params_schema=self.params_model.model_json_schema(),
+            params_schema=self.params_schema if self.params_schema is not None else self.params_model.model_json_schema(),
         )
+
+
+class SchemaParams(BaseModel):
+    """The params of a JSON-Schema tool, already checked against its schema; `model_dump()` gives them back."""
+
+    model_config = ConfigDict(extra="allow")
 
 
 class ToolRegistry:
     """Tool id → Tool. The source of the default catalog and of params validation."""
 
-    def __init__(self, tools: Iterable[Tool[Any]] = ()) -> None:
+    def __init__(self, tools: Iterable[Tool[Any]] = (), *, rebuild: tuple[Callable[..., ToolRegistry], tuple[Any, ...]] | None = None) -> None:
         self._tools: dict[str, Tool[Any]] = {}
         self._catalog: Catalog | None = None
+        # How another process builds the same registry (a Ray host, the tool pool): a function and its
+        # picklable arguments, e.g. a profile's tool sources. None: the tools pickle themselves, by
+        # reference to their module-level handlers (the demo tools).
+        self._rebuild = rebuild
         for tool in tools:
             self.register(tool)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if self._rebuild is not None:
+            return self._rebuild
+        return (ToolRegistry, (list(self._tools.values()),))
 
     def register(self, tool: Tool[Any]) -> None:
         if tool.tool_id in self._tools:
@@ -120,10 +140,32 @@ class ToolRegistry:
         tool = self._tools.get(tool_id)
         if tool is None:
             return None, ["unknown tool"]
+        if tool.params_schema is not None:
+            violations = schema_violations(tool.params_schema, params)
+            return (None, violations) if violations else (SchemaParams.model_validate(dict(params)), [])
         try:
             return tool.params_model.model_validate(dict(params)), []
         except ValidationError as exc:
             return None, describe_violations(exc)
+
+
+def schema_violations(schema: Mapping[str, Any], params: Mapping[str, Any]) -> list[str]:
+    """`field: rule` lines for params that break a JSON Schema, naming the rule, never the value
+    (jsonschema's own messages quote the instance)."""
+    validator = jsonschema.Draft202012Validator(dict(schema))
+    out = []
+    for err in sorted(validator.iter_errors(dict(params)), key=lambda e: list(e.absolute_path)):
+        path = ".".join(str(part)[:_MAX_FIELD_NAME] for part in err.absolute_path) or "params"
+        rule = err.validator
+        if rule == "additionalProperties":
+            out.append(f"{path}: unknown parameter")
+        elif rule == "required":
+            missing = [name for name in err.validator_value if name not in (err.instance or {})]
+            out.extend(f"{'' if path == 'params' else path + '.'}{name[:_MAX_FIELD_NAME]}: Field required"
+                       for name in missing)
+        else:
+            out.append(f"{path}: must satisfy {rule} {json.dumps(err.validator_value)[:80]}")
+    return out
 
 
 def describe_violations(exc: ValidationError) -> list[str]:

@@ -1,0 +1,457 @@
+"""Policy replay: a recorded conversation's model output, governed again by another profile
+(docs/design.md#replay).
+
+Sans-I/O: `replay(conversation_id, events, outputs, governance)` takes what the store holds of one
+conversation — its durable events and the raw output of each round (`round_outputs`) — and returns,
+turn by turn and round by round, what the recording did and what `governance` would have done with
+the same model text. No model is called and no tool runs. Each round's raw text goes in one piece
+into a fresh `RoundEngine` (the engine is delta-boundary invariant, docs/design.md#one-decoder),
+configured the way the turn configures it (`Turn._rules`): the round's mode and phase as recorded,
+the state, the retry, iteration and exploration counters, and finish legality as the replay itself
+reaches them. A call the other profile accepts observes what the recording observed for that call;
+a call it refuses observes nothing. `gateway/replay_command.py` reads the store and prints the report.
+
+The model's text is held fixed. Replay answers "what would these gates have done with what the
+model wrote", not "what would the model have written under them": once the two diverge, the later
+rounds are the recorded model's answers to a context the other profile would not have built, and
+where the other profile would ask the model again, nothing recorded says what it would write (the
+turn's end is then `undetermined`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Final
+
+import msgspec
+
+from actors.catalog import ASK_USER_TOOL, Catalog, Trait
+from actors.gates import CONTINUE_EXPLORING, EXPLORATION_MARKER, RoundRules
+from actors.profile import AgentProfile
+from actors.round import RoundEngine, RoundOutcome, RoundResult, ToolCallReady
+from actors.store.base import RoundOutput
+from actors.tools.registry import ToolRegistry
+from actors.turn import FINISH_ILLEGAL_REASON, GIVE_UP_MESSAGES
+from protocol.events import (
+    EndReason,
+    Event,
+    RoundCompleted,
+    ThinkingDelta,
+    ToolCalled,
+    ToolResult,
+    TurnCompleted,
+)
+from protocol.frames import Mode
+from protocol.notices import NoticeCode
+
+ParamsCheck = Callable[[str, Mapping[str, object]], list[str]]
+
+# Notices a round gets from outside its engine: the turn passes them to `finish(cut=...)`, so
+# replay passes the recorded one again (the provider fails the same way whatever the profile).
+CUT_CODES: Final = frozenset({NoticeCode.PROVIDER_ERROR, NoticeCode.OUTPUT_TRUNCATED, NoticeCode.ROUND_INTERRUPTED})
+# Ends a profile does not decide — a user's cancel, a server fault, a turn still running: replay
+# keeps them as recorded when its own turn gets that far.
+EXTERNAL_ENDS: Final = frozenset({str(EndReason.CANCELLED), str(EndReason.ERROR), "running"})
+BUDGET_REACHED: Final = "EXPLORATION_BUDGET_REACHED"
+
+
+class RoundStatus(StrEnum):
+    RAN = "ran"
+    STEERED = "steered"            # a steer cut it: the same cut in both (it came from the user)
+    INTERRUPTED = "interrupted"    # a crash cut it; no output was stored, it is kept as recorded
+    NOT_REACHED = "not_reached"    # the turn had ended before it
+
+
+class EndStatus(StrEnum):
+    RUNNING = "running"            # the recording holds no turn.completed yet (or a paused ask_user)
+    UNDETERMINED = "undetermined"  # the profile would ask the model again: no recorded output says what it writes
+
+
+@dataclass(frozen=True, slots=True)
+class Governance:
+    """What a profile decides with: the profile (policies, states) and the catalog its
+    conversations get. `of(profile, registry)` builds it as `Conversation` does."""
+
+    profile: AgentProfile
+    catalog: Catalog
+    validate_params: ParamsCheck | None = None
+
+    @classmethod
+    def of(cls, profile: AgentProfile, registry: ToolRegistry) -> Governance:
+        return cls(profile, profile.catalog_from(registry.catalog()), lambda tool_id, params: registry.validate_params(tool_id, params)[1])
+
+
+# -- the report --------------------------------------------------------------------------------------
+
+
+class RoundView(msgspec.Struct, frozen=True, kw_only=True):
+    """One round in the terms replay compares: what the gates did and what the user saw.
+
+    `lanes` are "INDEX LANE STATUS"; `notices` "CODE [TOOL]"; `accepted` "INDEX ACTION [TOOL]";
+    `denied` "INDEX TOOL CODE"; `calls` the `tool.call`s sent, "TOOL CALL_ID"; `observed` what each
+    of them observed, "TOOL CALL_ID ok", "… error CODE" or "… unknown" (it would run, and nothing
+    recorded says what it returns); `finish` what became of a complete/exit: "" (none), "allowed"
+    or "denied CODE"."""
+
+    status: str
+    lanes: tuple[str, ...] = ()
+    answer_chars: int = 0
+    thinking_chars: int = 0
+    notices: tuple[str, ...] = ()
+    accepted: tuple[str, ...] = ()
+    denied: tuple[str, ...] = ()
+    calls: tuple[str, ...] = ()
+    observed: tuple[str, ...] = ()
+    finish: str = ""
+
+
+COMPARED: Final = ("status", "lanes", "answer_chars", "thinking_chars", "notices", "accepted", "denied", "calls",
+                   "observed", "finish")
+
+
+class RoundReplay(msgspec.Struct, frozen=True, kw_only=True):
+    round: int
+    recorded: RoundView
+    replayed: RoundView
+    differs: tuple[str, ...] = ()   # the fields of COMPARED whose values differ
+    notes: tuple[str, ...] = ()
+
+
+class TurnEnd(msgspec.Struct, frozen=True, kw_only=True):
+    """How a turn ended: an EndReason, or an EndStatus when it had not or cannot be told."""
+
+    reason: str
+    final_answer: str | None = None
+    finish_ok: bool | None = None
+
+
+END_COMPARED: Final = ("reason", "final_answer", "finish_ok")
+
+
+class TurnReplay(msgspec.Struct, frozen=True, kw_only=True):
+    turn_id: str
+    skipped: str = ""               # why the turn could not be replayed ("" when it was)
+    rounds: tuple[RoundReplay, ...] = ()
+    recorded_end: TurnEnd
+    replayed_end: TurnEnd | None = None   # None when skipped
+    end_differs: tuple[str, ...] = ()
+
+    @property
+    def differs(self) -> bool:
+        return bool(self.end_differs) or any(r.differs for r in self.rounds)
+
+
+class ReplayReport(msgspec.Struct, frozen=True, kw_only=True):
+    conversation_id: str
+    agent: str                      # the profile replayed under
+    recorded_agent: str = ""        # the profile the conversation was recorded under (its name)
+    turns: tuple[TurnReplay, ...] = ()
+
+    @property
+    def differs(self) -> bool:
+        return any(t.differs for t in self.turns)
+
+    @property
+    def replayed_turns(self) -> int:
+        return sum(1 for t in self.turns if not t.skipped)
+
+
+# -- what the recording holds ---------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Round:
+    completed: RoundCompleted | None = None
+    thinking: list[str] = field(default_factory=list)
+    calls: list[ToolCalled] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Turn:
+    turn_id: str
+    rounds: dict[int, _Round] = field(default_factory=dict)
+    results: dict[str, ToolResult] = field(default_factory=dict)
+    completed: TurnCompleted | None = None
+
+    def round(self, number: int) -> _Round:
+        return self.rounds.setdefault(number, _Round())
+
+
+def _recorded_turns(events: Iterable[Event]) -> list[_Turn]:
+    """The durable log, by turn and round, in the order the turns started."""
+    turns: dict[str, _Turn] = {}
+    for event in events:
+        data = event.data
+        turn_id = getattr(data, "turn_id", None)
+        if not isinstance(turn_id, str):
+            continue  # a fallback (no turn), or a kind this version does not know
+        turn = turns.setdefault(turn_id, _Turn(turn_id))
+        if isinstance(data, ThinkingDelta):
+            turn.round(data.round).thinking.append(data.text)
+        elif isinstance(data, ToolCalled):
+            turn.round(data.round).calls.append(data)
+        elif isinstance(data, RoundCompleted):
+            turn.round(data.round).completed = data
+        elif isinstance(data, ToolResult):
+            turn.results[data.call_id] = data
+        elif isinstance(data, TurnCompleted):
+            turn.completed = data
+    # Answer characters are counted from the gates' own counters (streamed_state), not from deltas.
+    return list(turns.values())
+
+
+def view(
+    completed: RoundCompleted, thinking: str, calls: Sequence[tuple[str, str]], observed: Mapping[str, str],
+) -> RoundView:
+    """A round as replay compares it, from its `round.completed` (recorded, or built by the engine),
+    its thinking, the calls it sent as (tool id, call id), and call id → what that call observed."""
+    denied = {d.index: d for d in completed.denied}
+    finish = []
+    for lane in completed.streamed_state.lanes:
+        if lane.lane == "answer":
+            code = denied[lane.index].code if lane.index in denied else None
+            finish.append("allowed" if lane.status == "allowed" else f"denied {code or ''}".strip())
+    if completed.interrupted:
+        status = RoundStatus.INTERRUPTED
+    else:
+        status = RoundStatus.STEERED if completed.steered else RoundStatus.RAN
+    return RoundView(
+        status=status,
+        lanes=tuple(f"{lane.index} {lane.lane} {lane.status}" for lane in completed.streamed_state.lanes),
+        answer_chars=sum(lane.emitted_chars for lane in completed.streamed_state.lanes),
+        thinking_chars=len(thinking),
+        notices=tuple(_words(n.code, n.tool_id) for n in completed.notices),
+        accepted=tuple(_words(str(a.index), a.action, a.tool_id) for a in completed.accepted),
+        denied=tuple(_words(str(d.index), d.tool_id, d.code) for d in completed.denied),
+        calls=tuple(f"{tool_id} {call_id}" for tool_id, call_id in calls),
+        observed=tuple(f"{tool_id} {call_id} {observed.get(call_id, UNKNOWN)}" for tool_id, call_id in calls),
+        finish=", ".join(finish),
+    )
+
+
+def _words(*parts: str | None) -> str:
+    return " ".join(p for p in parts if p)
+
+
+NOT_REACHED: Final = RoundView(status=RoundStatus.NOT_REACHED)
+UNKNOWN: Final = "unknown"
+
+
+def observation(result: ToolResult | None) -> str:
+    if result is None:
+        return UNKNOWN
+    return "ok" if result.ok else f"error {result.error}"
+
+
+# -- replay ----------------------------------------------------------------------------------------------
+
+
+def replay(
+    conversation_id: str, events: Sequence[Event], outputs: Sequence[RoundOutput], governance: Governance,
+    *, recorded_agent: str = "",
+) -> ReplayReport:
+    """Every turn of the recording, replayed under `governance` (docs/design.md#replay)."""
+    by_round = {(o.turn_id, o.round): o for o in outputs}
+    turns = tuple(_TurnReplayer(turn, by_round, governance).run() for turn in _recorded_turns(events))
+    return ReplayReport(conversation_id=conversation_id, agent=governance.profile.name,
+                        recorded_agent=recorded_agent, turns=turns)
+
+
+class _TurnReplayer:
+    """One turn under the other profile: the counters `Turn` keeps, advanced by replayed rounds."""
+
+    def __init__(self, turn: _Turn, outputs: Mapping[tuple[str, int], RoundOutput], gov: Governance) -> None:
+        self.turn = turn
+        self.outputs = outputs
+        self.gov = gov
+        self.policies = gov.profile.policies
+        first = next((outputs[k] for k in sorted(k for k in outputs if k[0] == turn.turn_id)), None)
+        # The state the turn began in is the recording's; within the turn, it follows the
+        # transitions the replayed observations make (docs/design.md#states).
+        self.state = first.agent_state if first is not None else (gov.profile.initial_state or "default")
+        self.observations = 0
+        self.retries = 0
+        self.explored = 0                 # the tool pool's exploration counter, reset at turn start
+        self.confirmation_required = False
+        self.exploration_stopped = False
+        self.end: TurnEnd | None = None
+        self.notes: list[str] = []            # of the round being replayed
+        self.observed: dict[str, str] = {}    # call id → what it observed, in the round being replayed
+
+    def run(self) -> TurnReplay:
+        turn = self.turn
+        recorded_end = _recorded_end(turn.completed)
+        numbers = sorted(n for n, r in turn.rounds.items() if r.completed is not None)
+        missing = [n for n in numbers if not _interrupted(turn.rounds[n]) and (turn.turn_id, n) not in self.outputs]
+        if missing:
+            return TurnReplay(
+                turn_id=turn.turn_id, recorded_end=recorded_end,
+                skipped=f"round {missing[0]} has no stored raw output (recorded before round outputs were stored)",
+            )
+        rounds = [self._round(n) for n in numbers]
+        if self.end is None:
+            self.end = self._after_last(numbers[-1] if numbers else 0, recorded_end)
+        return TurnReplay(
+            turn_id=turn.turn_id, rounds=tuple(rounds), recorded_end=recorded_end, replayed_end=self.end,
+            end_differs=_differs(recorded_end, self.end, END_COMPARED),
+        )
+
+    def _round(self, number: int) -> RoundReplay:
+        recorded_round = self.turn.rounds[number]
+        completed = recorded_round.completed
+        assert completed is not None
+        results = self.turn.results
+        recorded = view(completed, "".join(recorded_round.thinking), [(c.tool_id, c.call_id) for c in recorded_round.calls],
+                        {c.call_id: observation(results.get(c.call_id)) for c in recorded_round.calls})
+        self.notes = []
+        self.observed = {}
+        if self.end is not None:
+            replayed = NOT_REACHED
+        elif completed.interrupted:
+            replayed = recorded
+            # A crash cut it: the calls it announced got their error observation (docs/design.md#recovery).
+            self.observations += sum(1 for c in self.turn.results if c.startswith(f"{self.turn.turn_id}.{number}."))
+        elif number > self.policies.max_iterations:
+            self.end = _give_up(EndReason.ITERATION_LIMIT)
+            replayed = NOT_REACHED
+        else:
+            replayed = self._run_round(number, completed)
+        # A round the other profile never reaches differs in that alone; its fields are the recording's.
+        differs = ("status",) if replayed is NOT_REACHED else _differs(recorded, replayed, COMPARED)
+        return RoundReplay(round=number, recorded=recorded, replayed=replayed, differs=differs, notes=tuple(self.notes))
+
+    def _rules(self, output: RoundOutput) -> RoundRules:
+        """The round's rules as `Turn._rules` builds them, under the other profile."""
+        pol = self.policies
+        finalize = output.phase == "finalize"
+        legal = pol.finish_policy == "allow_no_tool" or self.observations > 0
+        return RoundRules(
+            catalog=self.gov.catalog,
+            state=self.state,
+            mode=Mode(output.mode),
+            max_actions=pol.max_actions_per_round,
+            finish_legal=legal or finalize,
+            finish_illegal_reason=FINISH_ILLEGAL_REASON,
+            confirmation_required=self.confirmation_required,
+            exploration_stopped=self.exploration_stopped,
+            finalize_only=finalize,
+            validate_params=self.gov.validate_params,
+        )
+
+    def _run_round(self, number: int, recorded: RoundCompleted) -> RoundView:
+        turn_id = self.turn.turn_id
+        output = self.outputs[turn_id, number]
+        engine = RoundEngine(self._rules(output), turn_id=turn_id, round_no=number)
+        cut = next((n for n in reversed(recorded.notices) if n.code in CUT_CODES), None)
+        streamed = engine.feed(output.raw) if output.raw else []
+        tail, result = engine.finish(cut=cut, interrupted=recorded.steered)
+        streamed += tail
+        thinking = "".join(e.text for e in streamed if isinstance(e, ThinkingDelta))
+        calls = [(e.call.tool_id, e.call.call_id) for e in streamed if isinstance(e, ToolCallReady)]
+        self._advance(result, steered=recorded.steered)
+        return view(result.completed(turn_id, number, steered=recorded.steered), thinking, calls, self.observed)
+
+    def _advance(self, result: RoundResult, *, steered: bool) -> None:
+        """What the turn does with the round's verdict (`OUTCOME_MOVES`, `Turn._interrupted`)."""
+        if steered:  # the calls the steer cut were observed as `steered`; an answer shown is kept
+            for c in result.calls:
+                self.observations += 1
+                self.observed[c.call.call_id] = "error steered"
+            if result.streamed_state.answer_streamed:
+                self.end = self._finished(EndReason.SALVAGED, result.answer_text)
+            return
+        outcome = result.outcome
+        if outcome is RoundOutcome.FINISH:
+            self._execute(result)  # calls accepted beside the answer run before the turn ends
+            assert result.final is not None
+            self.end = self._finished(EndReason(result.final.type.value), result.final.final_answer)
+        elif outcome is RoundOutcome.SALVAGE:
+            self._execute(result)
+            self.end = self._finished(EndReason.SALVAGED, result.answer_text)
+        elif outcome is RoundOutcome.TOOLS:
+            self._execute(result)
+        else:
+            self.retries += 1
+            if self.retries > self.policies.max_protocol_retries:
+                self.end = _give_up(EndReason.PROTOCOL_VIOLATION)
+
+    def _finished(self, reason: EndReason, answer: str) -> TurnEnd:
+        legal = self.observations > 0 or self.policies.finish_policy == "allow_no_tool"
+        return TurnEnd(reason=str(reason), final_answer=answer, finish_ok=legal)
+
+    def _execute(self, result: RoundResult) -> None:
+        """Observe the round's calls as `Turn._execute` does: the batch in call order, then each
+        `react.ask_user`; every call gets exactly one observation."""
+        calls = [c.call for c in result.calls]
+        for call in [c for c in calls if c.tool_id != ASK_USER_TOOL] + [c for c in calls if c.tool_id == ASK_USER_TOOL]:
+            self._observe(call.call_id, call.tool_id, call.params)
+
+    def _observe(self, call_id: str, tool_id: str, params: Mapping[str, object]) -> None:
+        self.observations += 1
+        decl = self.gov.catalog.get(tool_id)
+        recorded = self.turn.results.get(call_id)
+        if recorded is not None and recorded.tool_id != tool_id:
+            recorded = None
+        if decl is not None and decl.trait is Trait.EXPLORATION:
+            # The tool pool's count (docs/design.md#exploration-budget): over the cap, no run and no count.
+            if self.explored >= self.policies.exploration_soft_cap:
+                recorded = ToolResult(turn_id=self.turn.turn_id, call_id=call_id, tool_id=tool_id, ok=False,
+                                      duration_ms=0, error=BUDGET_REACHED)
+            else:
+                self.explored += 1
+                if recorded is not None and recorded.error == BUDGET_REACHED:
+                    recorded = None  # refused in the recording, would run here: its result is unknown
+        self.observed[call_id] = observation(recorded)
+        if recorded is None:
+            self.notes.append(
+                f"{tool_id} ({call_id}) has no recorded observation: it would run under this profile; "
+                "replay goes on as if it answered, without a state change"
+            )
+            return
+        if recorded.error == BUDGET_REACHED:
+            self.confirmation_required = True
+        if tool_id == ASK_USER_TOOL:
+            self._budget_answer(str(params.get("question", "")), recorded)
+        if recorded.ok and decl is not None and decl.transitions_state:
+            new = (recorded.result or {}).get("state")
+            if isinstance(new, str) and new in self.gov.profile.states:
+                self.state = new
+
+    def _budget_answer(self, question: str, observed: ToolResult) -> None:
+        """`Turn._budget_answer`: continue resets the counter; anything else stops exploring."""
+        if EXPLORATION_MARKER not in question or not self.confirmation_required:
+            return
+        self.confirmation_required = False
+        answer = (observed.result or {}).get("answer") if observed.ok else None
+        if answer == CONTINUE_EXPLORING:
+            self.explored = 0
+        else:
+            self.exploration_stopped = True
+
+    def _after_last(self, last: int, recorded: TurnEnd) -> TurnEnd:
+        """The turn is still going after the last recorded round: what would come next."""
+        if last >= self.policies.max_iterations:
+            return _give_up(EndReason.ITERATION_LIMIT)
+        if recorded.reason in EXTERNAL_ENDS:
+            return recorded
+        return TurnEnd(reason=EndStatus.UNDETERMINED)
+
+
+def _interrupted(recorded: _Round) -> bool:
+    return recorded.completed is not None and recorded.completed.interrupted
+
+
+def _recorded_end(completed: TurnCompleted | None) -> TurnEnd:
+    if completed is None:
+        return TurnEnd(reason=EndStatus.RUNNING)
+    return TurnEnd(reason=str(completed.reason), final_answer=completed.final_answer, finish_ok=completed.finish_ok)
+
+
+def _give_up(reason: EndReason) -> TurnEnd:
+    return TurnEnd(reason=str(reason), final_answer=GIVE_UP_MESSAGES[reason], finish_ok=False)
+
+
+def _differs(recorded: msgspec.Struct, replayed: msgspec.Struct, fields: Sequence[str]) -> tuple[str, ...]:
+    return tuple(f for f in fields if getattr(recorded, f) != getattr(replayed, f))

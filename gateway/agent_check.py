@@ -1,0 +1,88 @@
+"""`reactgate agent check PROFILE.toml`: load a profile exactly as `serve` does — tools imported, MCP
+servers started and asked for their tools — and show what its gates will see, per state
+(docs/design.md#your-own-agent).
+
+Exit 0 with a table per state, or 2 with every problem found, each naming the profile and the field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from actors.catalog import Safety
+
+EXIT_OK = 0
+EXIT_PROBLEMS = 2
+
+
+def tool_rows(agent: Any) -> list[dict[str, Any]]:
+    """One row per tool of the agent, as its conversations will see them."""
+    profile = agent.profile
+    catalog = profile.catalog_from(agent.registry.catalog())
+    sources = {entry.id: f"python {entry.impl}" for entry in profile.tools if entry.impl is not None}
+    for server in profile.mcp_servers:
+        for name in server.tools:
+            sources[server.tool_id(name)] = f"mcp {server.name}"
+    rows = []
+    for decl in catalog:
+        rows.append({
+            "id": decl.tool_id,
+            "source": sources.get(decl.tool_id, "built-in"),
+            "trait": str(decl.trait),
+            "safety": str(decl.safety),
+            "uses_code": decl.uses_code,
+            "transitions_state": decl.transitions_state,
+            "states": sorted(decl.states) if decl.states is not None else list(profile.states),
+            "hidden_in_ask_mode": decl.safety == Safety.WRITE,
+        })
+    return rows
+
+
+def check(path: Path, as_json: bool = False) -> int:
+    from actors.agent import load_agent
+    from actors.profile import ProfileError
+
+    try:
+        agent = asyncio.run(load_agent(path))
+    except ProfileError as exc:
+        problems = str(exc).splitlines()
+        if as_json:
+            print(json.dumps({"ok": False, "profile": str(path), "problems": problems}, indent=2))
+        else:
+            print(f"{path}: {len(problems)} problem(s)", file=sys.stderr)
+            for line in problems:
+                print(f"  {line}", file=sys.stderr)
+        return EXIT_PROBLEMS
+    rows = tool_rows(agent)
+    profile = agent.profile
+    if as_json:
+        print(json.dumps({"ok": True, "profile": str(path), "agent": profile.name, "model": profile.model,
+                          "fallbacks": list(profile.fallbacks), "states": list(profile.states), "tools": rows},
+                         indent=2))
+        return EXIT_OK
+    _print_tables(path, profile, rows)
+    return EXIT_OK
+
+
+def _print_tables(path: Path, profile: Any, rows: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=None if sys.stdout.isatty() else 200)  # piped: whole lines, not a folded table
+    console.print(f"[bold]{profile.name}[/bold] ({path}): model {profile.model}"
+                  + (f", fallbacks {', '.join(profile.fallbacks)}" if profile.fallbacks else ""))
+    for state in profile.states:
+        table = Table(title=f"state {state!r}" + (" (initial)" if state == profile.initial_state else ""))
+        for column in ("tool", "source", "trait", "safety", "uses_code", "transitions_state", "ask mode"):
+            table.add_column(column)
+        for row in rows:
+            if state not in row["states"]:
+                continue
+            table.add_row(row["id"], row["source"], row["trait"], row["safety"],
+                          "yes" if row["uses_code"] else "", "yes" if row["transitions_state"] else "",
+                          "hidden" if row["hidden_in_ask_mode"] else "offered")
+        console.print(table)

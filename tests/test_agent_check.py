@@ -1,0 +1,134 @@
+"""`reactgate agent check` (docs/design.md#agent-check): a good profile prints its tools per state;
+each broken one names the profile and the field and exits non-zero. Real tool module, real MCP
+server (the mcp SDK's MCPServer over stdio), both written into the test's temp dir."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gateway.cli import main
+
+TOOLS = '''
+from actors.tools import tool, ToolContext
+
+
+@tool(trait="exploration", description="Look up an order by id.")
+async def lookup_order(order_id: str, ctx: ToolContext) -> dict:
+    return {"order_id": order_id}
+
+
+@tool(trait="exploitation", safety="write", transitions_state=True)
+def cancel_order(order_id: str) -> dict:
+    """Cancel an order."""
+    return {"cancelled": order_id, "state": "verified"}
+
+
+not_a_tool = 42
+'''
+
+SERVER = '''
+from mcp.server.mcpserver import MCPServer
+
+server = MCPServer("notes")
+
+
+@server.tool()
+def read_note(key: str) -> str:
+    """Read a note."""
+    return ""
+
+
+@server.tool()
+def delete_note(key: str) -> dict:
+    """Delete a note."""
+    return {}
+
+
+server.run()
+'''
+
+PROFILE = f'''
+name = "acme"
+model = "openai/acme-small"
+states = ["default", "verified"]
+
+[[tools]]
+id = "acme.lookup_order"
+impl = "check_tools:lookup_order"
+
+[[tools]]
+id = "acme.cancel_order"
+impl = "check_tools:cancel_order"
+states = ["verified"]
+
+[[tools]]
+id = "demo.clock"
+
+[[mcp_servers]]
+name = "notes"
+command = [{json.dumps(sys.executable)}, "notes_server.py"]
+startup_timeout_s = 20
+[mcp_servers.tools]
+read_note = {{ trait = "exploration" }}
+delete_note = {{ trait = "exploitation", safety = "write" }}
+'''
+
+
+def agent(tmp_path: Path, profile: str = PROFILE) -> Path:
+    (tmp_path / "check_tools.py").write_text(TOOLS)
+    (tmp_path / "notes_server.py").write_text(SERVER)
+    path = tmp_path / "acme.toml"
+    path.write_text(textwrap.dedent(profile))
+    return path
+
+
+def test_a_good_profile_prints_each_states_tools_and_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["agent", "check", str(agent(tmp_path))]) == 0
+    out = capsys.readouterr().out
+    default, verified = out.split("state 'verified'")
+    assert "acme.lookup_order" in default and "acme.cancel_order" not in default
+    assert "acme.cancel_order" in verified
+    for text in ("python check_tools:lookup_order", "mcp notes", "built-in", "notes.delete_note", "hidden", "offered"):
+        assert text in out
+
+
+def test_json_lists_every_tool_with_its_source_traits_and_availability(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["agent", "check", str(agent(tmp_path)), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    tools = {t["id"]: t for t in report["tools"]}
+    assert report["ok"] is True and set(tools) == {
+        "acme.lookup_order", "acme.cancel_order", "demo.clock", "notes.read_note", "notes.delete_note"}
+    assert tools["acme.cancel_order"] == {
+        "id": "acme.cancel_order", "source": "python check_tools:cancel_order", "trait": "exploitation",
+        "safety": "write", "uses_code": False, "transitions_state": True, "states": ["verified"],
+        "hidden_in_ask_mode": True}
+    assert tools["notes.read_note"]["source"] == "mcp notes" and tools["notes.read_note"]["states"] == ["default", "verified"]
+    assert tools["demo.clock"]["hidden_in_ask_mode"] is False
+
+
+@pytest.mark.parametrize(("old", "new", "field", "reason"), [
+    ('impl = "check_tools:lookup_order"', 'impl = "acme_missing:lookup_order"',
+     "tools[0].impl", "cannot import module 'acme_missing'"),
+    ('impl = "check_tools:lookup_order"', 'impl = "check_tools:not_a_tool"',
+     "tools[0].impl", "is neither a function decorated with @tool nor a Tool"),
+    ('delete_note = {', 'drop_note = {',
+     "mcp_servers.notes.tools.drop_note", "the server has no tool 'drop_note'"),
+    ('startup_timeout_s = 20', 'startup_timeout_s = 1\ncommand = ["sleep", "60"]',
+     "mcp_servers.notes", "did not answer within 1 s"),
+])
+def test_a_broken_profile_names_the_profile_and_the_field_and_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], old: str, new: str, field: str, reason: str
+) -> None:
+    text = PROFILE.replace(old, new)
+    if "sleep" in new:  # the server that never starts replaces the real one's command
+        text = text.replace(f'command = [{json.dumps(sys.executable)}, "notes_server.py"]\n', "")
+    assert main(["agent", "check", str(agent(tmp_path, text))]) == 2
+    err = capsys.readouterr().err
+    assert f"acme.toml: {field}: " in err and reason in err, err
