@@ -33,7 +33,7 @@ from actors.profile import AgentProfile
 from actors.round import RoundEngine, RoundOutcome, RoundResult, ToolCallReady
 from actors.store.base import RoundOutput
 from actors.tools.registry import ToolRegistry
-from actors.turn import FINISH_ILLEGAL_REASON, GIVE_UP_MESSAGES
+from actors.turn import GIVE_UP_MESSAGES, round_rules
 from protocol.events import (
     EndReason,
     Event,
@@ -323,20 +323,11 @@ class _TurnReplayer:
         return RoundReplay(round=number, recorded=recorded, replayed=replayed, differs=differs, notes=tuple(self.notes))
 
     def _rules(self, output: RoundOutput) -> RoundRules:
-        """The round's rules as `Turn._rules` builds them, under the other profile."""
-        pol = self.policies
-        finalize = output.phase == "finalize"
-        legal = pol.finish_policy == "allow_no_tool" or self.observations > 0
-        return RoundRules(
-            catalog=self.gov.catalog,
-            state=self.state,
-            mode=Mode(output.mode),
-            max_actions=pol.max_actions_per_round,
-            finish_legal=legal or finalize,
-            finish_illegal_reason=FINISH_ILLEGAL_REASON,
-            confirmation_required=self.confirmation_required,
-            exploration_stopped=self.exploration_stopped,
-            finalize_only=finalize,
+        """The round's rules as the turn builds them, under the other profile."""
+        return round_rules(
+            self.gov.catalog, self.policies, state=self.state, mode=Mode(output.mode),
+            observations=self.observations, finalize=output.phase == "finalize",
+            confirmation_required=self.confirmation_required, exploration_stopped=self.exploration_stopped,
             validate_params=self.gov.validate_params,
         )
 

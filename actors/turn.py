@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from enum import StrEnum
 from typing import Any, Final, Protocol
 
@@ -158,6 +158,27 @@ ROUND_INTERRUPTED: Final = Notice(
     code=NoticeCode.ROUND_INTERRUPTED,
     message="the previous response was cut by a server fault before it finished; decide again",
 )
+
+
+def round_rules(
+    catalog: Catalog, pol: Policies, *, state: str, mode: Mode, observations: int, finalize: bool,
+    confirmation_required: bool, exploration_stopped: bool,
+    validate_params: Callable[[str, Mapping[str, object]], list[str]] | None,
+) -> RoundRules:
+    """A round's rules from where its turn stands: the turn's and replay's one recipe (docs/design.md#replay)."""
+    legal = pol.finish_policy == "allow_no_tool" or observations > 0
+    return RoundRules(
+        catalog=catalog,
+        state=state,
+        mode=mode,
+        max_actions=pol.max_actions_per_round,
+        finish_legal=legal or finalize,
+        finish_illegal_reason=FINISH_ILLEGAL_REASON,
+        confirmation_required=confirmation_required,
+        exploration_stopped=exploration_stopped,
+        finalize_only=finalize,
+        validate_params=validate_params,
+    )
 
 
 class TurnContext(Protocol):
@@ -438,20 +459,11 @@ class Turn:
     # -- decision -----------------------------------------------------------------------------------
 
     def _rules(self) -> RoundRules:
-        ctx, pol = self.ctx, self.ctx.policies
-        finalize = self.phase is Phase.FINALIZE
-        legal = pol.finish_policy == "allow_no_tool" or self.observations > 0
-        return RoundRules(
-            catalog=ctx.catalog,
-            state=ctx.agent_state,
-            mode=ctx.mode,
-            max_actions=pol.max_actions_per_round,
-            finish_legal=legal or finalize,
-            finish_illegal_reason=FINISH_ILLEGAL_REASON,
-            confirmation_required=self.confirmation_required,
-            exploration_stopped=self.exploration_stopped,
-            finalize_only=finalize,
-            validate_params=ctx.validate_params,
+        ctx = self.ctx
+        return round_rules(
+            ctx.catalog, ctx.policies, state=ctx.agent_state, mode=ctx.mode, observations=self.observations,
+            finalize=self.phase is Phase.FINALIZE, confirmation_required=self.confirmation_required,
+            exploration_stopped=self.exploration_stopped, validate_params=ctx.validate_params,
         )
 
     def _messages(self, rules: RoundRules) -> list[dict[str, str]]:

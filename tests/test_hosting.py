@@ -224,33 +224,33 @@ async def _passivate(backend: Any, cid: str) -> bool:
 # -- the same scenarios on both backends ------------------------------------------------------------
 
 
-async def test_turn_streams_to_completion_with_contiguous_seqs(backend: Any) -> None:
-    cid = await _open(backend, "weather")
-    watch = Watch(backend, cid)
-    assert await backend.command(OWNER, cid, UserMessage("m1", "weather?")) == "accepted"
-    await watch.until_event("turn.completed")
-    await watch.stop()
-    assert contiguous(watch.events)
-    [done] = [e for e in watch.events if e.event == "turn.completed"]
-    assert done.data.reason == "complete" and done.data.final_answer == LONG_ANSWER
-    assert "".join(e.data.text for e in watch.events if e.event == "answer.delta") == LONG_ANSWER
-
-
-@pytest.mark.parametrize("agent", list(CUT_CASES))
-async def test_an_answer_cut_mid_stream_is_continued_or_ends_partial(backend: Any, agent: str) -> None:
-    _, reason, final_answer, partial = CUT_CASES[agent]
+async def _one_turn(backend: Any, agent: str) -> tuple[list[Event], Any, str]:
+    """A new conversation's first turn, watched whole: its events (seqs checked contiguous), its
+    `turn.completed` data and the answer text that streamed."""
     cid = await _open(backend, agent)
     watch = Watch(backend, cid)
     assert await backend.command(OWNER, cid, UserMessage("m1", "weather?")) == "accepted"
     await watch.until_event("turn.completed")
     await watch.stop()
     assert contiguous(watch.events)
-    [done] = [e for e in watch.events if e.event == "turn.completed"]
-    streamed = "".join(e.data.text for e in watch.events if e.event == "answer.delta")
-    assert (done.data.reason, done.data.final_answer, done.data.partial) == (reason, final_answer, partial)
+    [done] = [e.data for e in watch.events if e.event == "turn.completed"]
+    return watch.events, done, "".join(e.data.text for e in watch.events if e.event == "answer.delta")
+
+
+async def test_turn_streams_to_completion_with_contiguous_seqs(backend: Any) -> None:
+    _, done, streamed = await _one_turn(backend, "weather")
+    assert done.reason == "complete" and done.final_answer == LONG_ANSWER
+    assert streamed == LONG_ANSWER
+
+
+@pytest.mark.parametrize("agent", list(CUT_CASES))
+async def test_an_answer_cut_mid_stream_is_continued_or_ends_partial(backend: Any, agent: str) -> None:
+    _, reason, final_answer, partial = CUT_CASES[agent]
+    events, done, streamed = await _one_turn(backend, agent)
+    assert (done.reason, done.final_answer, done.partial) == (reason, final_answer, partial)
     assert streamed == final_answer                       # every character once: nothing repeated, nothing lost
     if agent == "cut-fallback":
-        [fallback] = [e for e in watch.events if e.event == "fallback"]
+        [fallback] = [e for e in events if e.event == "fallback"]
         assert fallback.data.to_model == "scripted/hosting-cut-fallback-b"
 
 
