@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import textwrap
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from actors.tools.executor import LocalToolExecutor
 from protocol.events import Event
 from protocol.notices import NoticeCode
 from tests.roundkit import action, call, thinking
+from tests.test_tools_mcp import HttpServer
 
 pytestmark = pytest.mark.ray
 OWNER = Owner(tenant="acme", sub="alice")
@@ -94,7 +95,10 @@ def pid() -> int:
     return os.getpid()
 
 
-server.run()
+if len(sys.argv) > 1:   # the same server over streamable HTTP, on this loopback port
+    server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[1]))
+else:
+    server.run()
 '''
 
 
@@ -120,10 +124,12 @@ SCRIPTS: dict[str, list[dict[str, Any]]] = {
              _round(action(call("notes.pid"))), _complete("Back.")],
     # a slow MCP tool is cut by its server's call_timeout_s
     "slow": [_round(action(call("slowpoke.slow", seconds=60))), _complete("Too slow.")],
+    # the same server over streamable HTTP, next to a user tool
+    "http": [_round(LOOKUP, action(call("web.read_note", key="a"))), _complete("A1 shipped; milk, over HTTP.")],
 }
 
 
-def _profile(name: str, tmp: Path) -> str:
+def _profile(name: str, tmp: Path, url: str) -> str:
     started = tmp / "started"
     return textwrap.dedent(f'''
         name = "{name}"
@@ -156,24 +162,33 @@ def _profile(name: str, tmp: Path) -> str:
         call_timeout_s = 1
         [mcp_servers.tools]
         slow = {{ trait = "neutral" }}
+
+        [[mcp_servers]]
+        name = "web"
+        url = "{url}"
+        [mcp_servers.tools]
+        read_note = {{ trait = "exploration" }}
     ''')
 
 
 @pytest.fixture(scope="module")
-def agents(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def agents(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     root = tmp_path_factory.mktemp("agent")
     (root / "hosting_tools.py").write_text(TOOLS)
     (root / "notes_server.py").write_text(NOTES_SERVER)
+    web = HttpServer(root / "notes_server.py", root / "web-started", root / "web.log")
+    web.start()
     loaded: dict[str, Agent] = {}
     scripts = {}
     for name, rounds in SCRIPTS.items():
-        (root / f"{name}.toml").write_text(_profile(name, root))
+        (root / f"{name}.toml").write_text(_profile(name, root, web.url))
         script = root / f"{name}.json"
         script.write_text(json.dumps({"rounds": rounds}))
         register_script(f"agent-{name}", script)
         scripts[f"agent-{name}"] = str(script)
         loaded[name] = asyncio.run(load_agent(root / f"{name}.toml"))
-    return {"root": root, "agents": loaded, "scripts": scripts}
+    yield {"root": root, "agents": loaded, "scripts": scripts}
+    web.stop()
 
 
 @pytest.fixture(scope="module")
@@ -235,6 +250,14 @@ async def test_a_turn_calls_a_user_tool_and_an_mcp_tool_and_completes_with_their
     assert results["notes.read_note"].ok and "remember the milk" in json.dumps(results["notes.read_note"].result)
     [done] = _named(events, "turn.completed")
     assert (done.reason, done.final_answer) == ("complete", "A1 shipped; milk.")
+
+
+async def test_an_mcp_server_over_streamable_http_serves_its_tool_next_to_a_user_tool(backend: Any) -> None:
+    events = await _run(backend, "http")
+    results = {r.tool_id: r for r in _named(events, "tool.result")}
+    assert results["acme.lookup_order"].ok
+    assert results["web.read_note"].ok and "remember the milk" in json.dumps(results["web.read_note"].result)
+    assert _named(events, "turn.completed")[0].final_answer == "A1 shipped; milk, over HTTP."
 
 
 async def test_ask_mode_hides_the_write_tools_of_both_kinds(backend: Any) -> None:

@@ -303,3 +303,30 @@ async def test_model_settings_refuse_what_would_break_a_guarantee_or_leak_a_key(
         await load_agent(path)
     assert str(err.value).startswith("acme.toml: model_settings") and reason in str(err.value)
     assert "sk-in-the-file" not in str(err.value)
+
+
+def test_each_model_gets_its_own_settings_and_a_fallback_without_any_gets_none(tmp_path: Path) -> None:
+    from actors.profile import load_profile
+
+    path = write_agent(tmp_path, PROFILE.replace('model = "scripted/acme"', '''model = "openai/small"
+fallbacks = ["openai/large", "openai/backup"]''') + '''
+[model_settings]
+api_base = "http://127.0.0.1:8000/v1"
+temperature = 0.2
+
+[fallback_settings."openai/large"]
+api_key_env = "LARGE_KEY"
+top_p = 0.9
+''')
+    profile = load_profile(path, known_tools=None)
+    assert profile.settings_for("openai/small") == {"api_base": "http://127.0.0.1:8000/v1", "temperature": 0.2}
+    assert profile.settings_for("openai/large") == {"api_key_env": "LARGE_KEY", "top_p": 0.9}
+    assert profile.settings_for("openai/backup") == {}
+
+
+def test_settings_for_a_model_that_is_not_a_fallback_are_refused(tmp_path: Path) -> None:
+    from actors.profile import load_profile
+
+    path = write_agent(tmp_path, PROFILE + '\n[fallback_settings."openai/other"]\ntemperature = 1\n')
+    with pytest.raises(ProfileError, match=r'fallback_settings.openai/other: \'openai/other\' is not one of the fallbacks'):
+        load_profile(path, known_tools=None)
