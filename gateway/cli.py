@@ -48,7 +48,9 @@ def main(argv: list[str] | None = None) -> int:
         description="N simulated users (one connection and one conversation each) send turns back to back "
         "for S seconds, then let their last turn finish. Prints p50/p95/p99/max of time to first delta and "
         "delivery latency, turns/s, events/s, errors, and the counts of lost, duplicated and out-of-order "
-        "events; exits 1 unless those are 0 and every turn completed. Loopback addresses only.",
+        "events; exits 1 unless those are 0, every turn completed with the answer its deltas showed, no "
+        "frame was unreadable or of another user's conversation, and every user's stream reached the "
+        "server's head. Loopback addresses only.",
     )
     load.add_argument("--url", default="ws://127.0.0.1:8765/ws",
                       help="gateway WebSocket URL; the host must be a loopback address (127.0.0.1 or [::1])")

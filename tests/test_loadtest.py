@@ -13,6 +13,7 @@ import json
 import os
 import re
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -410,9 +411,11 @@ def one_turn_result(script_info: ScriptInfo | None = None) -> Result:
     d = Driver()
     _, message = d.open()
     d.recv(event(1, started("t1", message.id)))
-    d.recv(event(2, AnswerDelta(turn_id="t1", round=1, text="x")))
+    d.recv(event(2, AnswerDelta(turn_id="t1", round=1, text="It rains.")))
     d.mono = 200.0  # past the duration: no next turn
-    d.recv(event(3, completed("t1")))
+    [head_check] = d.recv(event(3, completed("t1")))
+    d.recv(ack(head_check.id, conversation_id=CID, last_seq=3))  # the server's head: all of it arrived
+    assert d.user.verified
     return Result(LoadConfig(duration_s=1), d.stats, [d.user], elapsed_s=1.0, script_info=script_info)
 
 
@@ -477,3 +480,76 @@ async def test_loadtest_with_abrupt_reconnects_finds_nothing_lost_duplicated_or_
     assert "PASS" in out
     page = report.read_text(encoding="utf-8")
     assert "<svg" in page and '<tr><th>lost</th><td class="ok">0</td></tr>' in page
+
+
+# -- an honest load tester: a deliberately faulty server must fail the run -------------------------
+
+
+class FaultyServer:
+    """Just enough of the wire protocol for one simulated user, on loopback: open, subscribe and a
+    turn per `user_message` ("It rains." in two deltas) — with one `fault` of the server's own."""
+
+    def __init__(self, fault: str | None) -> None:
+        self.fault = fault
+        self.log: list[bytes] = []          # the conversation's events, in seq order
+
+    def _emit(self, data: EventData) -> bytes:
+        raw = encode_event(Event.of(CID, len(self.log) + 1, data, time.time()))
+        self.log.append(raw)
+        return raw
+
+    async def handle(self, ws: Any) -> None:
+        from protocol.frames import decode_client_frame
+
+        async for raw in ws:
+            frame = decode_client_frame(raw)
+            head = len(self.log)
+            match frame:
+                case Open():
+                    lying = 3 if self.fault == "unverified" and frame.conversation_id else 0
+                    await ws.send(ack(frame.id, conversation_id=CID, last_seq=head + lying))
+                case Subscribe():
+                    await ws.send(ack(frame.id, last_seq=head))
+                    for event_raw in self.log[frame.after_seq:]:
+                        await ws.send(event_raw)
+                case UserMessageFrame():
+                    await ws.send(ack(frame.id))
+                    turn = f"t{head + 1}"
+                    final = "It snows." if self.fault == "garbled" else "It rains."
+                    for data in (started(turn, frame.id), AnswerDelta(turn_id=turn, round=1, text="It "),
+                                 AnswerDelta(turn_id=turn, round=1, text="rains."),
+                                 TurnCompleted(turn_id=turn, reason=EndReason.COMPLETE, final_answer=final,
+                                               used_tools=False, finish_ok=True)):
+                        await ws.send(self._emit(data))
+                    if self.fault == "foreign":
+                        await ws.send(encode_event(Event.of("c_someone_else", 1, thinking(turn), 1000.0)))
+                    if self.fault == "unreadable":
+                        await ws.send(b"\x00this is not a frame")
+                case _:
+                    pass
+
+
+@pytest.mark.parametrize(("fault", "named"), [
+    (None, None),
+    ("foreign", "foreign_events="),
+    ("unreadable", "unreadable_frames="),
+    ("unverified", "unverified_users=1"),
+    ("garbled", "garbled_turns="),
+])
+async def test_the_load_tester_fails_a_faulty_server_and_names_the_fault(
+    fault: str | None, named: str | None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from websockets.asyncio.server import serve
+
+    from client.loadtest.command import run_loadtest
+
+    server = FaultyServer(fault)
+    async with serve(server.handle, "127.0.0.1", 0) as ws_server:
+        port = ws_server.sockets[0].getsockname()[1]
+        config = LoadConfig(url=f"ws://127.0.0.1:{port}/ws", conversations=1, duration_s=0.3, drain_timeout_s=1.5)
+        code = await asyncio.to_thread(run_loadtest, config)
+    out = capsys.readouterr().out
+    if named is None:
+        assert code == 0 and "PASS" in out, out       # the same server without its fault passes
+    else:
+        assert code == 1 and "FAIL" in out and named in out, out

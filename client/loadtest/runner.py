@@ -141,11 +141,21 @@ class Result:
     def fatal(self) -> list[str]:
         return [u.fatal for u in self.users if u.fatal]
 
+    @property
+    def unverified_users(self) -> int:
+        """Users (not stopped by a fatal error) whose stream was never seen to reach the server's head."""
+        return sum(1 for u in self.users if not u.verified and not u.fatal)
+
     def failures(self) -> list[str]:
-        """Why the run failed; empty when it passed."""
+        """Why the run failed; empty when it passed. Each check is one the user's eyes would fail too."""
         out = []
+        errors = self.stats.errors
         for name, n in (("lost", self.lost), ("duplicated", self.duplicated), ("out_of_order", self.out_of_order),
-                        ("incomplete_turns", self.incomplete_turns), ("failed_turns", self.stats.turns_failed)):
+                        ("incomplete_turns", self.incomplete_turns), ("failed_turns", self.stats.turns_failed),
+                        ("garbled_turns", self.stats.garbled_turns),
+                        ("foreign_events", errors["client.foreign_event"]),
+                        ("unreadable_frames", errors["client.unreadable_frame"]),
+                        ("unverified_users", self.unverified_users)):
             if n:
                 out.append(f"{name}={n}")
         if self.stats.turns_ended == 0:

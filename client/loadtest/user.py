@@ -7,7 +7,10 @@ What it measures, and why it can be trusted:
   resume subscribes after the last seq delivered, so the server owes exactly the events after it:
   any seq seen twice is a *duplicate* (never an expected replay overlap), a seq below the highest
   seen that fills an earlier gap is *out of order*, and a gap never filled — or a head the stream
-  never reached at the end — is *lost*. All three must be 0, and every turn must complete.
+  never reached at the end — is *lost*. All three must be 0, and every turn must complete with the
+  `final_answer` its `answer.delta`s spelled out (else *garbled*); a frame that does not decode, an
+  event of a conversation the user did not open, or a user whose stream was never seen to reach the
+  server's head fails the run too.
 - **Time to first delta** per turn: from the first send of the `user_message` (a re-send after a
   reconnect keeps the same id *and* the original start time, so an outage counts against it) to
   the first `thinking.delta`/`answer.delta` of that turn.
@@ -147,6 +150,7 @@ class Stats:
     turns_started: int = 0
     turns_completed: int = 0     # turn.completed with a reason in COMPLETED_REASONS
     turns_failed: int = 0        # turn.completed with any other reason
+    garbled_turns: int = 0       # turn.completed whose final_answer is not the answer.delta text delivered
     events: int = 0
     reconnects: int = 0          # drops we injected
     resent: int = 0              # commands re-sent with the same id after a reconnect
@@ -176,6 +180,7 @@ class _Turn:
     started_at: float                     # monotonic, first send of the user_message
     turn_id: str | None = None
     first_delta_at: float | None = None
+    answer: list[str] = field(default_factory=list)   # the answer.delta text delivered, in order
 
 
 class SimUser:
@@ -206,6 +211,7 @@ class SimUser:
         self.verifying = False            # past the deadline, last turn over: waiting for the head
         self.head: int | None = None      # the conversation's head reported while verifying
         self.finished = False
+        self.verified = False             # every event up to the server's final head was received
         self.fatal: str | None = None
         self.replay_until = 0             # seqs ≤ this on this connection are a resume's backlog
         self._retry_at: dict[str, float] = {}   # frame id → when to send it again (rate limited)
@@ -303,7 +309,7 @@ class SimUser:
             return  # a kind this version does not know: it counts, it drives nothing
         self._on_turn_event(event.data, mono)
         if self.verifying and self.head is not None and self.session.last_seq >= self.head:
-            self.finished = True
+            self.finished = self.verified = True
 
     def _on_turn_event(self, data: Payload, mono: float) -> None:
         turn = self.turn
@@ -317,12 +323,18 @@ class SimUser:
                 if turn.first_delta_at is None:
                     turn.first_delta_at = mono
                     record_seconds(self.stats.ttfd, mono - turn.started_at)
+                if isinstance(data, AnswerDelta):
+                    turn.answer.append(data.text)
             case AskUser(turn_id=turn_id, ask_id=ask_id, options=options) if turn_id == turn.turn_id:
                 self.stats.asks_answered += 1
                 self.session.answer(ask_id, options[0] if options else "yes")
-            case TurnCompleted(turn_id=turn_id, reason=reason) if turn_id == turn.turn_id:
+            case TurnCompleted(turn_id=turn_id, reason=reason, final_answer=final) if turn_id == turn.turn_id:
                 stats = self.stats
                 stats.reasons[str(reason)] += 1
+                # What the user read must be the answer the turn ended with (docs/design.md#guarantees):
+                # a delta lost, doubled or altered on the way shows here even when the seqs look right.
+                if reason in COMPLETED_REASONS and "".join(turn.answer) != final:
+                    stats.garbled_turns += 1
                 if reason in COMPLETED_REASONS:
                     stats.turns_completed += 1
                 else:
@@ -347,4 +359,4 @@ class SimUser:
     def _on_head(self, head: int) -> None:
         self.head = head
         if self.session.last_seq >= head:
-            self.finished = True
+            self.finished = self.verified = True
