@@ -124,15 +124,19 @@ class RayBackend:
 
     def _init_ray(self) -> None:
         if self.config.address:
+            log.info("joining the Ray cluster at %s", self.config.address)
             ray.init(address=self.config.address, namespace=NAMESPACE, include_dashboard=False)
             return
+        # address="local": always a cluster of our own. A bare ray.init() would join whatever cluster
+        # an earlier `ray start` recorded in /tmp/ray/ray_current_cluster, and then refuse num_cpus.
         # A fresh dict each time: Ray adds its own keys to the one it is given. The niceness goes to
         # the raylet that this call starts, which applies it to every worker process it launches.
         system_config: dict[str, Any] = {}
         if self.config.worker_niceness is not None:
             system_config["worker_niceness"] = self.config.worker_niceness
-        ray.init(num_cpus=self.config.local_cpus, namespace=NAMESPACE, include_dashboard=False,
+        ray.init(address="local", num_cpus=self.config.local_cpus, namespace=NAMESPACE, include_dashboard=False,
                  _system_config=system_config)
+        log.info("started a local Ray with %d CPUs", self.config.local_cpus)
 
     async def _wait_for_hosts(self, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
