@@ -42,7 +42,8 @@ K8S_VERSION = "1.31.0"
 # The kustomize features build() implements. Anything else in the kustomization is an error.
 KUSTOMIZE_KEYS = {"apiVersion", "kind", "resources", "namespace", "labels"}
 NAMESPACED_KINDS = {
-    "ConfigMap", "Deployment", "HorizontalPodAutoscaler", "PodDisruptionBudget", "RayCluster", "Service",
+    "ConfigMap", "Deployment", "HorizontalPodAutoscaler", "NetworkPolicy", "PodDisruptionBudget", "RayCluster",
+    "Service",
 }
 
 GATEWAY = ("Deployment", "reactgate-gateway")
@@ -415,6 +416,8 @@ def test_kustomization_composes_the_expected_objects(built: list[dict[str, Any]]
         ("ConfigMap", "reactgate-agents"),
         ("Deployment", "reactgate-gateway"),
         ("HorizontalPodAutoscaler", "reactgate-gateway"),
+        ("NetworkPolicy", "reactgate-gateway"),
+        ("NetworkPolicy", "reactgate-ray"),
         ("PodDisruptionBudget", "reactgate-gateway"),
         ("RayCluster", "reactgate"),
         ("Service", "reactgate-gateway"),
@@ -436,7 +439,7 @@ def test_build_refuses_kustomize_features_it_does_not_implement(tmp_path: Path) 
 def test_builtin_kinds_validate_strictly(built: list[dict[str, Any]]) -> None:
     assert Version(kubernetes_validate.utils.latest_version()) >= Version(K8S_VERSION)
     builtin = [d for d in built if d["kind"] != "RayCluster"]
-    assert len(builtin) == 5
+    assert len(builtin) == 7
     for doc in builtin:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
@@ -617,3 +620,66 @@ def test_every_ray_pod_sees_the_agents_tool_modules_where_the_gateway_does(docs:
         worker["containers"][0].pop("volumeMounts")
 
     assert tool_mount_problems(breaking(docs, unmount_workers)) == ["ray-worker: no read-only mount at /etc/reactgate/agents"]
+
+
+
+def ray_auth_problems(docs: list[dict[str, Any]]) -> list[str]:
+    """Ray's token authentication: on for the cluster (KubeRay puts the token on every Ray process),
+    and the gateways — Ray drivers — present the same Secret's token."""
+    problems = []
+    auth = find(docs, "RayCluster")["spec"].get("authOptions", {})
+    if auth.get("mode") != "token" or not auth.get("secretName"):
+        problems.append(f"RayCluster authOptions {auth} is not token mode with a Secret")
+    env = env_of(gateway_container(docs))
+    if env.get("RAY_AUTH_MODE", {}).get("value") != "token":
+        problems.append("gateway: RAY_AUTH_MODE is not token")
+    ref = env.get("RAY_AUTH_TOKEN", {}).get("valueFrom", {}).get("secretKeyRef", {})
+    if (ref.get("name"), ref.get("key")) != (auth.get("secretName"), "auth_token") or ref.get("optional"):
+        problems.append(f"gateway: RAY_AUTH_TOKEN {ref} is not the cluster's Secret key auth_token")
+    return problems
+
+
+def network_problems(docs: list[dict[str, Any]]) -> list[str]:
+    """Ray pods: ingress only from this namespace's pods. Gateways: their port from anywhere, the rest
+    from the namespace."""
+    problems = []
+    policies = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "NetworkPolicy"}
+    ray_policy = policies.get("reactgate-ray", {})
+    selector = ray_policy.get("podSelector", {}).get("matchExpressions", [])
+    covered = {v for e in selector if e.get("key") == "app.kubernetes.io/component" and e.get("operator") == "In"
+               for v in e.get("values", [])}
+    roles = {t["metadata"]["labels"]["app.kubernetes.io/component"] for t in ray_pod_templates(docs)}
+    if not roles <= covered:
+        problems.append(f"Ray pods {sorted(roles - covered)} are not under the Ray NetworkPolicy")
+    if "Ingress" not in ray_policy.get("policyTypes", []):
+        problems.append("the Ray NetworkPolicy does not restrict ingress")
+    for rule in ray_policy.get("ingress", []):
+        sources = rule.get("from")
+        if not sources or any(set(src) != {"podSelector"} for src in sources):
+            problems.append(f"a Ray ingress rule admits more than this namespace's pods: {rule}")
+    gateway_policy = policies.get("reactgate-gateway", {})
+    port = gateway_container(docs)["ports"][0]["containerPort"]
+    open_rules = [r for r in gateway_policy.get("ingress", []) if "from" not in r]
+    if [[p.get("port") for p in r.get("ports", [])] for r in open_rules] != [[port]]:
+        problems.append(f"the gateway NetworkPolicy does not open exactly port {port} to everyone")
+    return problems
+
+
+def test_ray_token_auth_is_on_for_the_cluster_and_the_gateways(docs: list[dict[str, Any]]) -> None:
+    assert ray_auth_problems(docs) == []
+    assert ray_auth_problems(breaking(docs, lambda d: find(d, "RayCluster")["spec"].pop("authOptions")))
+
+    def drop_gateway_token(d: list[dict[str, Any]]) -> None:
+        container = find(d, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+        container["env"] = [e for e in container["env"] if e["name"] != "RAY_AUTH_TOKEN"]
+
+    assert ray_auth_problems(breaking(docs, drop_gateway_token))
+
+
+def test_ray_ports_admit_only_the_namespaces_pods_and_the_gateway_port_is_public(docs: list[dict[str, Any]]) -> None:
+    assert network_problems(docs) == []
+
+    def open_ray(d: list[dict[str, Any]]) -> None:
+        find(d, "NetworkPolicy", "reactgate-ray")["spec"]["ingress"].append({"ports": [{"port": 10001}]})
+
+    assert network_problems(breaking(docs, open_ray))
