@@ -683,3 +683,22 @@ def test_ray_ports_admit_only_the_namespaces_pods_and_the_gateway_port_is_public
         find(d, "NetworkPolicy", "reactgate-ray")["spec"]["ingress"].append({"ports": [{"port": 10001}]})
 
     assert network_problems(breaking(docs, open_ray))
+
+
+def test_the_grafana_dashboard_queries_only_metrics_a_gateway_exports() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gateway.metrics import GatewayMetrics
+
+    metrics = GatewayMetrics()
+    metrics.track(lambda: 0, lambda: 0)
+    metrics.delivery_latency.observe(0.01)
+    # a labelled family shows samples once a label value exists, as on any gateway that has worked
+    metrics.connections_refused.labels(reason="overloaded").inc()
+    metrics.frames_in.labels(type="open").inc()
+    metrics.errors.labels(code="forbidden").inc()
+    exported = {sample.name for family in text_string_to_metric_families(metrics.render().decode())
+                for sample in family.samples}
+    dashboard = json.loads((K8S_DIR / "grafana-dashboard.json").read_text(encoding="utf-8"))
+    queried = {name for p in dashboard["panels"] for t in p["targets"] for name in re.findall(r"reactgate_\w+", t["expr"])}
+    assert queried and queried <= exported, sorted(queried - exported)
