@@ -21,12 +21,13 @@ import msgspec
 from actors.catalog import Catalog, ToolExecutor
 from actors.context import Step, TokenCounter
 from actors.eventlog import EventLog
-from actors.llm.stream import StreamItem
+from actors.llm.stream import ModelDelta, ModelFinished, StreamItem
 from actors.profile import AgentProfile, Policies
+from actors.quotas import Quota, QuotaLimits, Scope, estimate_tokens
 from actors.store.base import RoundOutput
 from actors.tools.registry import ToolRegistry
 from actors.turn import Turn, TurnProgress
-from protocol.events import EventData
+from protocol.events import EventData, TurnCompleted
 from protocol.frames import Mode
 from protocol.timeline import Block
 
@@ -82,6 +83,7 @@ class Runtime:
     stream_model: StreamModel
     count_tokens: TokenCounter | None = None
     model_kwargs: dict[str, Any] = field(default_factory=dict)  # api_base, api_key for `openai/` models
+    quotas: QuotaLimits = field(default_factory=QuotaLimits)     # docs/design.md#quotas: the turn reads its tool calls
 
 
 class Conversation:
@@ -98,6 +100,12 @@ class Conversation:
         self._runner: asyncio.Task[None] | None = None
         self._cancel_turn = False
         self.on_checkpoint: Callable[[], Awaitable[None] | None] | None = None
+        # The host's quota hooks (docs/design.md#quotas): no turn is left to run (the conversation's
+        # concurrent-turn slot is free; called again when the runner ends, harmless), and the tokens
+        # one model call used.
+        self.on_idle: Callable[[], None] | None = None
+        self.on_usage: Callable[[int], None] | None = None
+        self._exact_usage = runtime.quotas.limits_tokens
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -151,6 +159,15 @@ class Conversation:
     def ledger(self) -> Sequence[Step]:
         return self.state.ledger
 
+    @property
+    def max_tool_calls(self) -> int | None:
+        return self.runtime.quotas.limit(Quota.TOOL_CALLS_PER_TURN, Scope.TURN)
+
+    @property
+    def turn_running(self) -> bool:
+        """A turn is running (a steer steers it rather than starting one)."""
+        return self._turn is not None
+
     # -- the mailbox ------------------------------------------------------------------------------
 
     def user_message(self, message_id: str, text: str) -> None:
@@ -199,6 +216,23 @@ class Conversation:
                 await self._runner
         await self.events.close()
 
+    async def discard(self) -> int:
+        """Stop for good, keeping nothing: the conversation is being deleted (docs/design.md#deletion).
+        The log is discarded first, so whatever the turn still does is neither stored nor published;
+        then the turn is cancelled as a host shutdown cancels it (it emits nothing) and queued
+        messages are dropped. No checkpoint is asked for. Returns the last seq the log published."""
+        published = await self.events.discard()
+        self.on_checkpoint = None
+        self.state.queue.clear()
+        self._cancel_turn = False  # a user's cancel under way must not let the runner go on
+        runner = self._runner
+        while runner is not None and not runner.done():
+            runner.cancel()
+            await asyncio.wait({runner})
+        if runner is not None and not runner.cancelled():
+            runner.exception()  # retrieved: a turn cut this way has nothing left to report
+        return published
+
     def checkpoint(self) -> Awaitable[None] | None:
         """A consistent point (turn start, round end, tools observed, turn end): the host saves it.
         Returns what to await for the save to be durable (None when nothing saves)."""
@@ -218,6 +252,11 @@ class Conversation:
     # -- what a turn does (TurnContext) ---------------------------------------------------------------
 
     def emit(self, data: EventData) -> None:
+        if type(data) is TurnCompleted and not self.state.queue and self.on_idle is not None:
+            # The last queued turn ends: its concurrent-turn slot goes back before this event is
+            # appended (the store commits in submission order), so a client that reads the event may
+            # start another turn at once (docs/design.md#quotas).
+            self.on_idle()
         self.events.emit(data)
 
     def record_output(self, output: RoundOutput) -> None:
@@ -238,11 +277,39 @@ class Conversation:
 
     def stream(self, messages: list[dict[str, str]], models: Sequence[str] | None = None) -> AsyncIterator[StreamItem]:
         """One model call: the profile's model and fallbacks, or `models` (a continuation that moved on)."""
-        return self.runtime.stream_model(  # type: ignore[no-any-return]
+        # Exact usage costs LiteLLM's end-of-stream rebuild (actors/llm/stream.py): asked for only
+        # when a token quota can refuse something; otherwise characters are counted.
+        usage = {"include_usage": True} if self._exact_usage else {}
+        items: AsyncIterator[StreamItem] = self.runtime.stream_model(
             tuple(models or self.profile.models), messages, conversation_id=self.conversation_id,
             next_call_index=self._next_call_index, idle_timeout_s=self.policies.stream_idle_timeout_s,
-            settings=self._model_settings, **self.runtime.model_kwargs,
+            settings=self._model_settings, **usage, **self.runtime.model_kwargs,
         )
+        if self.on_usage is None:
+            return items
+        return self._metered(items, sum(len(m.get("content") or "") for m in messages))
+
+    async def _metered(self, items: AsyncIterator[StreamItem], prompt_chars: int) -> AsyncIterator[StreamItem]:
+        """The call's items, unchanged; once it is over (finished, failed or closed early) its tokens
+        are charged: as the provider reported them, else estimated from the characters sent and
+        received (docs/design.md#quotas)."""
+        completion_chars, reported = 0, None
+        try:
+            async for item in items:
+                if type(item) is ModelDelta:
+                    completion_chars += len(item.text)
+                elif type(item) is ModelFinished:
+                    reported = item.usage
+                yield item
+        finally:
+            try:
+                aclose = getattr(items, "aclose", None)
+                if aclose is not None:  # an async generator: close the provider now, not when collected
+                    await aclose()
+            finally:
+                tokens = reported.total if reported is not None else estimate_tokens(prompt_chars + completion_chars)
+                if self.on_usage is not None:
+                    self.on_usage(tokens)
 
     def _next_call_index(self) -> int:
         index = self.state.model_calls
@@ -298,6 +365,8 @@ class Conversation:
                     asyncio.current_task().uncancel()  # type: ignore[union-attr]  # `cancel` ends one turn only
                 self._turn = None
                 self.checkpoint()
+            if self.on_idle is not None:  # the queue ran dry (not closed mid-turn: that turn resumes later)
+                self.on_idle()
         finally:
             self._turn = None
             self._idle.set()

@@ -9,6 +9,8 @@
   durable). No event reaches a client before it is durable (docs/design.md#write-ahead).
 - A round's raw output (`attach`) is persisted with the next batch, the one holding the round's
   `round.completed`, and is never published (docs/design.md#replay).
+- A log being deleted is discarded (`discard`): it keeps, persists and publishes nothing more
+  (docs/design.md#deletion).
 """
 
 from __future__ import annotations
@@ -70,11 +72,14 @@ class EventLog:
         self._idle.set()
         self._writer: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
+        self._discarded = False
 
     # -- producing -------------------------------------------------------------------------------
 
     def emit(self, data: EventData) -> None:
         """Record an event; coalesces deltas of one lane. Never blocks (single writer, no awaits)."""
+        if self._discarded:
+            return
         if self._failure is not None:
             raise RuntimeError("the event log can no longer persist") from self._failure
         if isinstance(data, ThinkingDelta | AnswerDelta):
@@ -97,6 +102,8 @@ class EventLog:
         """A round's raw output, persisted in the same append as the next events: the caller emits
         the round's `round.completed` right after, so the output is durable exactly when that event
         is (docs/design.md#replay). Never published: it holds what the gates kept from the user."""
+        if self._discarded:
+            return
         if self._failure is not None:
             raise RuntimeError("the event log can no longer persist") from self._failure
         self._outputs.append(output)
@@ -132,6 +139,25 @@ class EventLog:
         await self._idle.wait()
         if self._failure is not None:
             raise RuntimeError("the event log could not persist") from self._failure
+
+    async def discard(self) -> int:
+        """Stop for good, keeping nothing more: the conversation is being deleted
+        (docs/design.md#deletion). What is not durable yet is dropped, later events are ignored, and
+        nothing more is published. An append already submitted may still commit — the store orders
+        it before the delete, which removes it — but it is not published either. Returns the last
+        seq published."""
+        published = self.durable_seq  # a batch is published in the same step it becomes durable
+        self._discarded = True
+        self._subscribers.clear()
+        self._open = None
+        self._outbox.clear()
+        self._outputs.clear()
+        writer = self._writer
+        if writer is not None and not writer.done():
+            writer.cancel()
+            await asyncio.wait({writer})
+        self._idle.set()
+        return published
 
     async def close(self) -> None:
         with contextlib.suppress(RuntimeError):

@@ -25,6 +25,7 @@ from actors.context import Step, assemble, ledger_summary, params_digest, system
 from actors.gates import CONTINUE_EXPLORING, EXPLORATION_MARKER, RoundRules
 from actors.llm.stream import ModelDelta, ModelFallback, ModelFinished, ProviderError, StreamItem
 from actors.profile import Policies
+from actors.quotas import admitted_tool_calls, tool_calls_refusal_detail
 from actors.round import (
     AcceptedCall,
     RestartCheck,
@@ -206,6 +207,8 @@ class TurnContext(Protocol):
     def timeline(self) -> Sequence[Block]: ...
     @property
     def ledger(self) -> Sequence[Step]: ...
+    @property
+    def max_tool_calls(self) -> int | None: ...   # the tool-calls-per-turn quota (docs/design.md#quotas)
 
     def emit(self, data: EventData) -> None: ...
     def record_output(self, output: RoundOutput) -> None: ...
@@ -260,6 +263,7 @@ class TurnProgress(msgspec.Struct, kw_only=True):
     pending: list[PendingCall] = msgspec.field(default_factory=list)  # calls being executed
     cut: CutRound | None = None   # recovery found this round cut mid-answer: continue it first
     streaming: bool = False       # taken while round `round_no` was streaming (a command's save)
+    tool_calls: int = 0           # calls admitted to run (the tool-calls-per-turn quota)
 
 
 class Turn:
@@ -278,6 +282,7 @@ class Turn:
         self.exploration_stopped = progress.exploration_stopped
         self.pending: list[PendingCall] = list(progress.pending)
         self.cut = progress.cut
+        self.tool_calls = progress.tool_calls
         self._partial = False      # the turn ends with an answer that was cut short
         self._streaming = False    # a round's model stream is open
         self._models: list[str] = []  # the models whose deltas the round's engine got
@@ -296,7 +301,7 @@ class Turn:
             turn_id=self.turn_id, message_id=self.message_id, text=self.text, phase=self.phase,
             round_no=self.round_no, retries=self.retries, observations=self.observations,
             confirmation_required=self.confirmation_required, exploration_stopped=self.exploration_stopped,
-            pending=list(self.pending), cut=self.cut, streaming=self._streaming,
+            pending=list(self.pending), cut=self.cut, streaming=self._streaming, tool_calls=self.tool_calls,
         )
 
     # -- control from the mailbox -----------------------------------------------------------------
@@ -637,8 +642,9 @@ class Turn:
 
     async def _execute(self, calls: list[AcceptedCall], *, allow_steer: bool, record_calls: bool = True) -> None:
         ctx, pol = self.ctx, self.ctx.policies
-        if record_calls:
+        if record_calls:  # new calls (a resumed batch was recorded, and admitted, before the crash)
             self._record_calls(calls)
+            calls = self._admit(calls)
         self.pending = [PendingCall(c.call.call_id, c.call.tool_id, dict(c.call.params), c.call.code) for c in calls]
         saved = ctx.checkpoint()
         if saved is not None:  # durable before any tool runs: a crash from here re-submits these calls,
@@ -665,6 +671,19 @@ class Turn:
                 self._observe(call, _steered(call))
             self.ctx.record(SteerBlock(self.turn_id, self._take_steer(), ""))
             raise
+
+    def _admit(self, calls: list[AcceptedCall]) -> list[AcceptedCall]:
+        """The tool-calls-per-turn backstop (docs/design.md#quotas): calls past it are not run; each
+        gets the failed observation `quota_exceeded`, which tells the model, and the turn goes on so
+        it can still answer. The count is in the checkpoint taken before any tool runs."""
+        limit = self.ctx.max_tool_calls
+        admitted = admitted_tool_calls(self.tool_calls, len(calls), limit)
+        self.tool_calls += admitted
+        for c in calls[admitted:]:
+            assert limit is not None
+            self._observe(c.call, Observation(c.call.call_id, c.call.tool_id, ok=False, error="quota_exceeded",
+                                              detail=tool_calls_refusal_detail(limit)))
+        return calls[:admitted]
 
     def _record_calls(self, calls: list[AcceptedCall]) -> None:
         for c in calls:

@@ -7,7 +7,9 @@
 kind, so a new kind needs its struct, its emitter and one case here; a kind this version does not
 know arrives as plain data and is shown as such. `ChatShell` only moves lines between a
 `Connection`, stdin and two rich consoles: the transcript goes to stdout and connection status to
-stderr, so a resumed answer reads as one unbroken text.
+stderr, so a resumed answer reads as one unbroken text. The one file it writes is an export
+(`/export FILE`, `write_export`): JSONL, one event frame per line, exactly as the gateway sent it.
+`/delete` asks once, then deletes the conversation for good and the chat ends.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import sys
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final
 
 from rich.console import Console
@@ -30,9 +33,13 @@ from client.session import (
     ClientSession,
     CommandFailed,
     CommandLost,
+    Deleted,
+    ExportDone,
+    Exported,
     Fatal,
     GapDetected,
     Opened,
+    PendingFrame,
     Resubscribing,
     Resumed,
     RetryLater,
@@ -42,6 +49,7 @@ from client.session import (
 from protocol.events import (
     AnswerDelta,
     AskUser,
+    ConversationDeleted,
     EndReason,
     Event,
     Fallback,
@@ -55,14 +63,16 @@ from protocol.events import (
     TurnStarted,
     UiCommand,
 )
-from protocol.frames import CancelFrame, ClientFrame, CommandFrame, Mode, SetModeFrame, SteerFrame
+from protocol.frames import CancelFrame, ClientFrame, Mode, SetModeFrame, SteerFrame, encode_event
 
 DEFAULT_URL: Final = "ws://127.0.0.1:8765/ws"
 MODES: Final = tuple(m.value for m in Mode)
 COMPACT_CHARS: Final = 160
 HELP: Final = (
-    "commands: /mode ask|agent  /steer TEXT  /cancel  /quit  (//text sends a message starting with /)"
+    "commands: /mode ask|agent  /steer TEXT  /cancel  /export FILE  /delete  /quit"
+    "  (//text sends a message starting with /)"
 )
+CONFIRM_DELETE: Final = "delete this conversation and its whole history for good? type yes to confirm"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -103,6 +113,7 @@ class Step:
     quit: bool = False          # /quit
     fatal: str | None = None    # an error no reconnect can fix
     idle: bool = False          # no turn running: a good moment for the prompt
+    save: Save | None = None    # an export is complete: the shell writes it (`write_export`)
 
     def extend(self, other: Step) -> Step:
         self.shown += other.shown
@@ -110,7 +121,27 @@ class Step:
         self.quit = self.quit or other.quit
         self.fatal = self.fatal or other.fatal
         self.idle = self.idle or other.idle
+        self.save = self.save or other.save
         return self
+
+
+@dataclass(frozen=True)
+class Save:
+    """A completed export to write: one event frame per line, as the gateway sent it."""
+
+    path: str
+    lines: list[str]
+    last_seq: int               # where the log ended when the export was asked for
+
+
+def write_export(save: Save) -> Info | Problem:
+    """Write an export's JSONL file; what the transcript says about it."""
+    try:
+        Path(save.path).write_text("".join(f"{line}\n" for line in save.lines), encoding="utf-8")
+    except OSError as exc:
+        return Problem("export", f"cannot write {save.path}: {exc.strerror or exc}")
+    cut = f" (the log had {save.last_seq}: deleted meanwhile)" if len(save.lines) < save.last_seq else ""
+    return Info(f"exported {len(save.lines)} events to {save.path}{cut}")
 
 
 def compact(value: Any, limit: int = COMPACT_CHARS) -> str:
@@ -143,7 +174,7 @@ def status_text(item: Item) -> str | None:
     return None
 
 
-def acked_text(command: CommandFrame, status: str) -> str | None:
+def acked_text(command: PendingFrame, status: str) -> str | None:
     """What the transcript says when a command with no event of its own yet is acked."""
     match command:
         case SetModeFrame(mode=mode):
@@ -169,6 +200,8 @@ class Chat:
         self.turn_active = False
         self.awaited_message_id: str | None = None    # --message: the turn to wait for
         self.awaited_turn_id: str | None = None
+        self.confirming_delete = False                # /delete asked; the next line answers
+        self.exports: dict[str, tuple[str, list[str]]] = {}   # export id → (file, lines so far)
 
     def send_message(self, text: str, *, await_turn: bool = False) -> str:
         """`await_turn`: the Step that completes the turn this message starts has `done` set."""
@@ -190,6 +223,14 @@ class Chat:
                 return Step([Info(text)], idle=not self.turn_active) if text else Step()
             case CommandFailed(code=code, message=message) | ServerError(code=code, message=message):
                 return Step([Problem(str(code), message)])
+            case Exported(export_id=export_id, event=event) if export_id in self.exports:
+                self.exports[export_id][1].append(encode_event(event).decode())
+                return Step()
+            case ExportDone(export_id=export_id, last_seq=last_seq) if export_id in self.exports:
+                path, lines = self.exports.pop(export_id)
+                return Step(save=Save(path, lines, last_seq), idle=not self.turn_active)
+            case Deleted(conversation_id=cid):
+                return Step([Info(f"conversation {cid} deleted")])
             case Fatal(reason=reason):
                 return Step(fatal=reason)
         text = status_text(item)
@@ -219,6 +260,12 @@ class Chat:
     def user_input(self, line: str) -> Step:
         text = line.rstrip("\r\n")
         stripped = text.strip()
+        if self.confirming_delete:
+            self.confirming_delete = False
+            if stripped == "yes":
+                self.session.delete()
+                return Step([Info("deleting…")])
+            return Step([Info("not deleted")], idle=not self.turn_active)
         if not stripped:
             return Step()
         if stripped.startswith("/") and not stripped.startswith("//"):
@@ -253,6 +300,13 @@ class Chat:
                 self.session.steer(rest)
             case "/cancel":
                 self.session.cancel()
+            case "/delete":
+                self.confirming_delete = True
+                return Step([Info(CONFIRM_DELETE)])
+            case "/export":
+                if not rest:
+                    return Step([Problem("usage", "/export FILE")])
+                self.exports[self.session.export()] = (rest, [])
             case _:
                 return Step([Problem("usage", f"unknown command {command}. {HELP}")])
         return Step()
@@ -342,6 +396,8 @@ class Transcript:
                 return out
             case IllegalFinish():
                 return []  # its notice already says it; the payload is for operators
+            case ConversationDeleted():
+                return []  # the session's `Deleted` says it, whoever deleted it
             case Trace() as trace:
                 return self._line(f"trace {trace.__struct_config__.tag}", "notice")
             case TurnCompleted() as done:
@@ -483,6 +539,8 @@ class ChatShell:
     async def _read(self, connection: Connection) -> int:
         async for item in connection:
             step = self.chat.on_output(item)
+            if step.save is not None:
+                step.shown.append(write_export(step.save))
             self._draw(step)
             if step.fatal:
                 self._status(f"giving up: {step.fatal}")

@@ -7,7 +7,14 @@ On a lost connection it reconnects and the session resumes (re-open, subscribe a
 delivered seq, re-send pending commands with their ids). A frame the server did not process
 (`RetryLater`) is retried after `retry_pause_s`. Handshake refusals no retry can fix (HTTP 400,
 401, 403, 404: docs/wire-protocol.md#a-refused-handshake), a fatal session error, or
-`give_up_after_s` without a connection end the iteration with a `Fatal`.
+`give_up_after_s` without a connection end the iteration with a `Fatal`. A deleted conversation
+(`Deleted`: `session.delete()`, or anyone's delete) ends it as well, with nothing to reconnect to;
+`session.export()` needs nothing from the shell: its outputs come through like any other.
+
+The token may be a string or a callable returning the current one (sync or async), asked before
+every connection attempt. When the server closes at the token's `exp` (4001, `TokenExpired`) a
+callable gives the reconnect a fresh token and the session resumes; a fixed string would only be
+refused (HTTP 401), so the iteration ends with a `Fatal` instead of retrying it.
 
 Reconnects use websockets' own iterator (`async for ws in connect(...)`) with our two policies
 injected: which failures are worth a retry (`process_exception`) and the delays (`reconnect_delays`,
@@ -21,24 +28,55 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import random
 import time
-from collections.abc import AsyncGenerator, Callable, Generator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Final, cast
+from typing import Any, Final, cast
 
 import msgspec
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 from websockets.typing import Subprotocol
 
-from client.session import RETRY_PAUSE_S, ClientSession, Fatal, Opened, Output, Resumed, RetryLater, Send
+from client.session import (
+    RETRY_PAUSE_S,
+    ClientSession,
+    Fatal,
+    Opened,
+    Output,
+    Resumed,
+    RetryLater,
+    Send,
+    TokenExpired,
+)
 from protocol.frames import SUBPROTOCOL, ClientFrame
 
 FATAL_HTTP_STATUS: Final = frozenset({400, 401, 403, 404})
 OPEN_TIMEOUT_S: Final = 10.0
 _encoder: Final = msgspec.json.Encoder()
+
+# The JWT, or what returns the current one (None: connect without a token).
+TokenSource = Callable[[], str | Awaitable[str | None] | None]
+
+
+class _NoToken(Exception):
+    """The token source failed: retried like a failed connection."""
+
+
+class _Connect(connect):
+    """websockets' `connect`, asking for its headers before every attempt (so that a reconnect
+    carries the token source's current token)."""
+
+    def __init__(self, uri: str, headers: Callable[[], Awaitable[dict[str, str] | None]], **kwargs: Any) -> None:
+        super().__init__(uri, **kwargs)
+        self._headers = headers
+
+    async def connect(self) -> ClientConnection:
+        self.additional_headers = await self._headers()
+        return await super().connect()
 
 
 @dataclass
@@ -90,7 +128,7 @@ class Connection:
         session: ClientSession,
         url: str,
         *,
-        token: str | None = None,
+        token: str | TokenSource | None = None,
         backoff: Backoff | None = None,
         give_up_after_s: float | None = None,
         retry_pause_s: float = RETRY_PAUSE_S,
@@ -115,6 +153,7 @@ class Connection:
         self._failure = "cannot connect"
         self._closing = False
         self._error: BaseException | None = None
+        self._token_expired = False                                  # the last connection closed with 4001
 
     # -- lifecycle and reading ---------------------------------------------------------------------
 
@@ -177,10 +216,9 @@ class Connection:
 
     async def _connect_loop(self) -> None:
         self._down_since = self._clock()
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
         try:
-            connector = connect(
-                self.url, subprotocols=[Subprotocol(SUBPROTOCOL)], additional_headers=headers,
+            connector = _Connect(
+                self.url, self._headers, subprotocols=[Subprotocol(SUBPROTOCOL)],
                 open_timeout=self.open_timeout_s, max_size=None,  # the server's frames have no size limit
                 process_exception=self._retryable, reconnect_delays=self._delays,
             )
@@ -211,6 +249,7 @@ class Connection:
     async def _serve(self, ws: ClientConnection) -> str | None:
         """One connection, until it drops (the reason) or we are done with it (None)."""
         self._ws = ws
+        self._token_expired = False
         reason = "connection closed by the server"
         try:
             self.session.connected()
@@ -225,12 +264,28 @@ class Connection:
             reason = f"connection lost ({received.code} {received.reason})" if received else "connection lost"
         finally:
             self._ws = None
-            self.session.disconnected()
+            self.session.disconnected(ws.close_code)
             await self.flush()
         if self._closing or self.session.ended is not None:
             await ws.close()
             return None
+        if self._token_expired and not callable(self.token):
+            self._end("session expired: the token expired (close 4001) — sign in again with a fresh token")
+            return None
         return reason
+
+    async def _headers(self) -> dict[str, str] | None:
+        """The handshake's Authorization header, with the token source's current token."""
+        source, token = self.token, None
+        if not callable(source):
+            token = source
+        else:
+            try:
+                got = source()
+                token = await got if inspect.isawaitable(got) else got
+            except Exception as exc:
+                raise _NoToken(f"cannot get a token: {type(exc).__name__}") from exc
+        return {"Authorization": f"Bearer {token}"} if token else None
 
     def _retryable(self, exc: Exception) -> Exception | None:
         """websockets' `process_exception`: None to retry, an exception to stop."""
@@ -241,6 +296,8 @@ class Connection:
             self._failure = f"HTTP {exc.response.status_code} {body}".strip()
         elif isinstance(exc, OSError | TimeoutError | InvalidHandshake):
             self._failure = f"cannot connect: {exc}"
+        elif isinstance(exc, _NoToken):
+            self._failure = str(exc)
         else:
             return exc
         if self._gave_up():
@@ -272,6 +329,8 @@ class Connection:
             case Opened() | Resumed():
                 self.backoff.reset()
                 self._down_since = None
+            case TokenExpired():
+                self._token_expired = True
             case RetryLater(frame=frame) if not self._closing:
                 loop = asyncio.get_running_loop()
                 self._timers[frame.id] = loop.call_later(self.retry_pause_s, self._retry_soon, frame.id)

@@ -18,6 +18,16 @@ What it guarantees (docs/wire-protocol.md#10-delivery-idempotency-resume-multipl
   with the same id (`RESENT_AFTER_RECONNECT`): the server acks a repeat `duplicate` and does nothing.
   A `cancel` is never sent again — a repeat could cancel the next turn — and the shell is told it
   may not have arrived (`CommandLost`).
+- **Delete.** `delete()` is a command like the others (re-sent with its id; a repeat is acked
+  `duplicate`). Once the conversation is gone — our delete acked, a `conversation.deleted` event
+  (anyone's delete), or `forbidden` on re-opening it while our delete was pending (its ack was
+  lost with a connection) — the session ends with `Deleted` (docs/wire-protocol.md#delete).
+- **Export.** `export()` asks for the whole log: each of its events comes out once, in order, as
+  `Exported`, then `ExportDone`. Its event frames are the very events the subscription sends, so
+  they are told apart by seq alone: after the export's ack (its `last_seq` is the export's end),
+  the next seq the export lacks is the export's; a copy that does not follow on from the stream is
+  left to the stream's own copy, and nothing the export takes ever counts as a gap. Re-sent after a
+  reconnect like a command, it goes on where it stopped (docs/wire-protocol.md#export).
 - **Events once, in order.** An event with seq ≤ the last delivered is dropped (a restarted
   subscription replays); a gap is never delivered and re-subscribes from the last delivered seq,
   once per subscription in flight (events of the old subscription still arriving are dropped by the
@@ -26,6 +36,9 @@ What it guarantees (docs/wire-protocol.md#10-delivery-idempotency-resume-multipl
   what it answers — our `open`, a head check, our `subscribe`, a pending command, or our stream.
 - **The head.** `check_head()` asks for the conversation's last seq (an `open` ack's `last_seq`);
   the answer comes as `Head`, from this connection or from the next one's `open` ack.
+- **Token expiry.** A connection the server closed with 4001 (its token reached `exp`) is reported
+  as `TokenExpired`: the shell reconnects with a fresh token, and the session resumes like after
+  any other drop. The stale token would only be refused (HTTP 401).
 
 Several conversations on one connection: use one session per conversation. On every (re)connect
 call `connected()` on each; feed every server frame to each session (or route it by
@@ -44,16 +57,20 @@ from typing import Any, Final
 
 import msgspec
 
-from protocol.events import Event
+from protocol.events import ConversationDeleted, Event
 from protocol.frames import (
     Ack,
     AckStatus,
     AnswerFrame,
     CancelFrame,
     ClientFrame,
+    CloseCode,
     CommandFrame,
+    DeleteFrame,
     ErrorCode,
     ErrorFrame,
+    ExportCompleted,
+    ExportFrame,
     Mode,
     Open,
     Pong,
@@ -74,13 +91,18 @@ def new_frame_id() -> str:
 # ---------------------------------------------------------------------------------------------
 # Policies.
 
+# The frames a session keeps pending until they are answered: the commands, `delete` and `export`.
+PendingFrame = CommandFrame | DeleteFrame | ExportFrame
+
 # Which commands are sent again, with the same id, on the next connection when no ack came back.
-RESENT_AFTER_RECONNECT: Final[Mapping[type[CommandFrame], bool]] = {
+RESENT_AFTER_RECONNECT: Final[Mapping[type[PendingFrame], bool]] = {
     UserMessageFrame: True,  # idempotent by (conversation_id, id): a repeat is acked `duplicate`
     SteerFrame: True,        # same key space
     AnswerFrame: True,       # same key space
     SetModeFrame: True,      # not deduped, but a value, not a toggle: a repeat changes nothing
     CancelFrame: False,      # neither: a repeat could cancel the next turn
+    DeleteFrame: True,       # idempotent by id: the delete that removed it, repeated, is `duplicate`
+    ExportFrame: True,       # changes nothing; a repeat (`duplicate`) is exported again, whole
 }
 
 # A pause the caller may use before `retry` (rate limits refill at 20 frames/s,
@@ -127,6 +149,7 @@ ERROR_REACTIONS: Final[Mapping[tuple[ErrorCode, Target], Reaction]] = {
         ErrorCode.SLOW_CONSUMER: (S,   S,   S,        S,      S),  # always the stream: paused
         ErrorCode.OVERLOADED:    (F,   F,   F,        D,      P),
         ErrorCode.INTERNAL:      (F,   F,   R,        D,      S),  # stream: ended after server retries
+        ErrorCode.QUOTA_EXCEEDED: (F,  F,   F,        D,      P),  # command: not before `resets_at`
     }.items()
     for target, reaction in zip(ERROR_TARGETS, row, strict=True)
 }  # fmt: skip
@@ -177,7 +200,7 @@ class Head:
 
 @dataclass(frozen=True, slots=True)
 class Acked:
-    command: CommandFrame
+    command: PendingFrame
     status: AckStatus           # `duplicate`: an earlier copy of this id had already arrived
     resent: bool                # it was sent more than once
 
@@ -186,7 +209,7 @@ class Acked:
 class CommandFailed:
     """The server refused the command; it will never be acted on, and is not pending any more."""
 
-    command: CommandFrame
+    command: PendingFrame
     code: ErrorCode
     message: str
 
@@ -204,7 +227,7 @@ class CommandLost:
     """A command that is never re-sent was sent and the connection dropped before its ack: it may
     or may not have reached the server."""
 
-    command: CommandFrame
+    command: PendingFrame
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +262,37 @@ class Unreadable:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenExpired:
+    """The server closed the connection at the token's `exp` (close 4001): reconnect with a fresh
+    token (docs/wire-protocol.md#6-close-codes); the session resumes after its last seq."""
+
+
+@dataclass(frozen=True, slots=True)
+class Exported:
+    """One event of the export `export_id`: every seq from 1 to its end, in order, once."""
+
+    export_id: str
+    event: Event
+
+
+@dataclass(frozen=True, slots=True)
+class ExportDone:
+    """The export `export_id` is complete: `events` were output (`Exported`), and the log ended at
+    `last_seq` when it was asked for. Fewer events than `last_seq`: deleted while it was exported."""
+
+    export_id: str
+    events: int
+    last_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Deleted:
+    """The conversation was deleted: the session is over (`ended` is "deleted"), nothing more is sent."""
+
+    conversation_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class Fatal:
     """The session is over: no reconnect can fix this. Nothing more is sent."""
 
@@ -247,7 +301,8 @@ class Fatal:
 
 Output = (
     Send | Event | Opened | Resumed | Subscribed | Head | Acked | CommandFailed | RetryLater | CommandLost
-    | GapDetected | Resubscribing | ServerError | Unreadable | Fatal
+    | GapDetected | Resubscribing | TokenExpired | ServerError | Unreadable | Fatal
+    | Exported | ExportDone | Deleted
 )
 
 
@@ -260,15 +315,23 @@ class _Pending:
     """A command not yet acked. Kept without a conversation id, so that it can be issued before the
     first `open` is acked; its frame is built whenever it is sent."""
 
-    kind: type[CommandFrame]
+    kind: type[PendingFrame]
     id: str
     fields: dict[str, Any]
     times_sent: int = 0
     on_this_connection: bool = False   # sent since the last connect
     waiting: bool = False              # not processed (e.g. rate limited): waits for `retry`
 
-    def frame(self, conversation_id: str) -> CommandFrame:
+    def frame(self, conversation_id: str) -> PendingFrame:
         return self.kind(id=self.id, conversation_id=conversation_id, **self.fields)
+
+
+@dataclass(slots=True)
+class _Export:
+    """An export in flight: its end (the ack's `last_seq`, once acked) and the next seq it lacks."""
+
+    last_seq: int | None = None
+    next: int = 1
 
 
 class ClientSession:
@@ -296,6 +359,7 @@ class ClientSession:
         self._head: Open | None = None
         self._head_wanted = False
         self._pending: dict[str, _Pending] = {}
+        self._exports: dict[str, _Export] = {}
         self._ended: str | None = None
         self._duplicates = 0
 
@@ -317,7 +381,7 @@ class ClientSession:
 
     @property
     def ended(self) -> str | None:
-        """Why the session is over (the `Fatal` reason), or None."""
+        """Why the session is over (the `Fatal` reason, or "deleted"), or None."""
         return self._ended
 
     @property
@@ -351,7 +415,10 @@ class ClientSession:
         )
         self._emit(Send(self._open))
 
-    def disconnected(self) -> None:
+    def disconnected(self, close_code: int | None = None) -> None:
+        """The connection is gone; `close_code` is the server's close code, when it sent one."""
+        if close_code == CloseCode.TOKEN_EXPIRED and self._ended is None:
+            self._emit(TokenExpired())
         self._ready = False
         self._open = self._subscribe = self._head = None  # an unanswered head check stays wanted
         self._subscribe_acked = True
@@ -381,6 +448,8 @@ class ClientSession:
                 self._on_ack(frame)
             case ErrorFrame():
                 self._on_error(frame)
+            case ExportCompleted():
+                self._on_export_completed(frame)
             case Pong():
                 pass
 
@@ -400,6 +469,16 @@ class ClientSession:
 
     def cancel(self) -> str:
         return self._command(CancelFrame)
+
+    def delete(self) -> str:
+        """Delete the conversation for good; the session then ends with `Deleted`."""
+        return self._command(DeleteFrame)
+
+    def export(self) -> str:
+        """Export the conversation's log: `Exported` per event, then `ExportDone`."""
+        frame_id = self._command(ExportFrame)
+        self._exports[frame_id] = _Export()
+        return frame_id
 
     def check_head(self) -> None:
         """Ask for the conversation's head; the answer is a `Head` output."""
@@ -438,8 +517,19 @@ class ClientSession:
         elif self._subscribe is not None and ack.id == self._subscribe.id:
             self._subscribe_acked = True
             self._emit(Subscribed(self._subscribe.after_seq, ack.last_seq or 0))
+        elif (export := self._exports.get(ack.id)) is not None:
+            export.last_seq = ack.last_seq or 0  # pending until `export.completed`: its events follow
         elif (pending := self._pending.pop(ack.id, None)) is not None:
             self._emit(Acked(pending.frame(self._cid()), ack.status, resent=pending.times_sent > 1))
+            if pending.kind is DeleteFrame:
+                self._gone()
+
+    def _on_export_completed(self, done: ExportCompleted) -> None:
+        export = self._exports.pop(done.id, None)
+        if export is None:
+            return  # another session's
+        self._pending.pop(done.id, None)
+        self._emit(ExportDone(done.id, export.next - 1, done.last_seq))
 
     def _on_opened(self, ack: Ack) -> None:
         if ack.conversation_id is None:
@@ -471,6 +561,10 @@ class ClientSession:
 
     def _on_error(self, error: ErrorFrame) -> None:
         target = self._target(error)
+        if (error.code is ErrorCode.FORBIDDEN and target not in (None, Target.COMMAND)
+                and any(p.kind is DeleteFrame for p in self._pending.values())):
+            self._gone()  # our delete went through; its ack was lost with the connection
+            return
         if target is None:
             # About nothing we track; one naming another conversation is that session's to act on.
             if error.conversation_id in (None, self._conversation_id):
@@ -490,6 +584,7 @@ class ClientSession:
                 self._emit(RetryLater(self._frame_named(error.id, target), error.code))
             case Reaction.DROP:
                 pending = self._pending.pop(str(error.id))
+                self._exports.pop(pending.id, None)
                 self._emit(CommandFailed(pending.frame(self._cid()), error.code, error.message))
             case Reaction.REPORT:
                 self._emit(ServerError(error.code, error.message))
@@ -527,6 +622,13 @@ class ClientSession:
     def _on_event(self, event: Event) -> None:
         if event.conversation_id != self._conversation_id:
             return
+        if isinstance(event.data, ConversationDeleted):  # the last event there is, whatever its seq
+            self._last_seq = max(self._last_seq, event.seq)
+            self._emit(event)
+            self._gone()
+            return
+        if self._take_exported(event) and event.seq != self._last_seq + 1:
+            return  # an export's copy: the subscription sends its own, so it is never a gap
         if event.seq <= self._last_seq:  # replayed by a restarted subscription: already delivered
             self._duplicates += 1
             return
@@ -538,9 +640,20 @@ class ClientSession:
         self._last_seq = event.seq
         self._emit(event)
 
+    def _take_exported(self, event: Event) -> bool:
+        """Output `event` for each acked export whose next seq it is. The same seq is the same event
+        (the log is append-only), so it does not matter which stream this copy came from."""
+        taken = False
+        for export_id, export in self._exports.items():
+            if export.last_seq is not None and export.next <= export.last_seq and event.seq == export.next:
+                export.next += 1
+                self._emit(Exported(export_id, event))
+                taken = True
+        return taken
+
     # -- sending ----------------------------------------------------------------------------------------
 
-    def _command(self, kind: type[CommandFrame], **fields: Any) -> str:
+    def _command(self, kind: type[PendingFrame], **fields: Any) -> str:
         pending = _Pending(kind, self._new_id(), fields)
         self._pending[pending.id] = pending
         if self._ready:
@@ -562,6 +675,12 @@ class ClientSession:
         self._ended = reason
         self._ready = False
         self._emit(Fatal(reason))
+
+    def _gone(self) -> None:
+        """The conversation was deleted: the session is over, nothing more is sent."""
+        self._ended = "deleted"
+        self._ready = False
+        self._emit(Deleted(self._cid()))
 
     def _emit(self, output: Output) -> None:
         self._outputs.append(output)

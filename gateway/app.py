@@ -21,6 +21,7 @@ from actors.hosting.backend import Backend
 from actors.llm.scripts import load_script, register_script
 from actors.llm.stream import stream_model
 from actors.profile import AgentProfile
+from actors.quotas import QuotaLimits
 from actors.ray.config import RayConfig
 from actors.store import store_from_url
 from actors.tools.durable import DurableTools
@@ -87,6 +88,7 @@ def local_backend(settings: Settings, setup: AgentSetup) -> Backend:
         registry=setup.registry,
         tools=DurableTools(LocalToolExecutor(setup.registry), store),
         stream_model=stream_model,
+        quotas=QuotaLimits.from_settings(settings),
     )
     return LocalBackend(
         store, runtime, {setup.profile.name: setup.profile},
@@ -103,6 +105,7 @@ def ray_config(settings: Settings, setup: AgentSetup) -> RayConfig:
         profiles={setup.profile.name: setup.profile},
         scripts={SERVE_SCRIPT_NAME: str(setup.script_path)} if setup.script_path else {},
         idle_ttl_s=settings.idle_ttl_s,
+        quotas=QuotaLimits.from_settings(settings),
         hosts=settings.hosts,
         address=settings.ray_address,
         local_cpus=settings.ray_cpus,

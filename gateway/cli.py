@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--model", help="LiteLLM model string serving the agent (provider key from the environment)")
     serve.add_argument("--store", help="sqlite:///PATH (default ./data/reactgate.sqlite3) or postgresql://...")
     serve.add_argument("--ray-address", help="join this Ray cluster instead of starting a local one")
-    serve.add_argument("--auth-secret", help="JWT HS256 secret (prefer REACTGATE_AUTH_SECRET: argv is visible)")
+    serve.add_argument("--auth-secret", help="JWT HS256 secret, 32 bytes or more (prefer REACTGATE_AUTH_SECRET: argv is visible)")
 
     chat = sub.add_parser("chat", help="terminal client: stream a conversation, resume after reconnect")
     chat.add_argument("--url", default="ws://127.0.0.1:8765/ws", help="gateway WebSocket URL")
@@ -151,6 +151,8 @@ def _serve(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from gateway.app import StartupError, build_backend
+    from gateway.auth import AuthConfigError, load_verifier
+    from gateway.origins import OriginConfigError, OriginPolicy
     from gateway.server import run
     from gateway.settings import BindRefused, Settings, check_bind
 
@@ -163,8 +165,10 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         settings = Settings(**overrides)
         check_bind(settings)
+        load_verifier(settings)  # key files, secret length: refused before anything starts
+        OriginPolicy.from_settings(settings)
         backend = build_backend(settings)
-    except (StartupError, BindRefused, ValidationError) as exc:
+    except (StartupError, BindRefused, AuthConfigError, OriginConfigError, ValidationError) as exc:
         print(f"reactgate serve: {exc}", file=sys.stderr)
         return 2
     asyncio.run(run(settings, backend))

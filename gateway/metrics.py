@@ -6,9 +6,11 @@ Gauges that are sums over sessions are computed at scrape time, not updated per 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from actors.quotas import TenantUsage
 
 # Delivery latency: event made (Event.ts) → handed to the client's socket.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -40,11 +42,28 @@ class GatewayMetrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        # Quotas (docs/design.md#quotas): the store's tenant counters in their current window, read
+        # every `quota_metrics_interval_s` (the same on every replica: they are shared), and the
+        # refusals this replica sent.
+        self.quota_used = Gauge(
+            "reactgate_quota_used", "Tenant quota counters in their current window (from the store)",
+            ["tenant", "quota"], registry=r,
+        )
+        self.quota_refused = Counter(
+            "reactgate_quota_refused", "quota_exceeded refusals sent by this replica",
+            ["tenant", "quota", "scope"], registry=r,
+        )
 
     def track(self, connections: Callable[[], int], queue_depth: Callable[[], int]) -> None:
         """Compute the per-session sums at scrape time."""
         self.connections.set_function(lambda: float(connections()))
         self.send_queue_depth.set_function(lambda: float(queue_depth()))
+
+    def set_quota_usage(self, usage: Iterable[TenantUsage]) -> None:
+        """Replace the tenant counters: a window that ended takes its series with it."""
+        self.quota_used.clear()
+        for tenant, quota, used in usage:
+            self.quota_used.labels(tenant, quota).set(used)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -5,12 +5,14 @@ handshake, decodes frames (`protocol.frames`), applies the per-connection limits
 backend, and hands everything it sends to the connection's `Session` queue.
 
 Refusals, by where they happen:
-- handshake: wrong path → HTTP 404; bad/expired/missing JWT → HTTP 401 (no WebSocket, so no
-  `unauthorized` frame); missing or other subprotocol → HTTP 400 (websockets' negotiation);
-  draining → HTTP 503.
-- after the handshake: max connections → close 1013; frame over max_frame_bytes → close 1009
-  (websockets' `max_size`); `bad_frames_before_close` bad frames in a row → close 1008; drain →
-  close 1012.
+- handshake: wrong path → HTTP 404; a browser page from an origin not allowed → HTTP 403
+  (gateway/origins.py); bad/expired/missing JWT → HTTP 401 (no WebSocket, so no `unauthorized`
+  frame); missing or other subprotocol → HTTP 400 (websockets' negotiation); draining → HTTP 503.
+- the token's `exp` → close 4001 (`token expired`): the client reconnects with a fresh token.
+- after the handshake: max connections → close 1013; a connection quota (per client address, per
+  user: docs/design.md#quotas) → an `error quota_exceeded` frame, then close 1013; frame over
+  max_frame_bytes → close 1009 (websockets' `max_size`); `bad_frames_before_close` bad frames in a
+  row → close 1008; drain → close 1012.
 - everything else is an `error` frame and the connection stays open. Choices this gateway makes
   (docs/wire-protocol.md#14-details-worth-knowing):
   subscribing to more than `max_conversations_per_connection` conversations is `overloaded` (a
@@ -21,6 +23,7 @@ Refusals, by where they happen:
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import mimetypes
@@ -45,15 +48,16 @@ from actors.hosting.backend import (
     Cancel,
     Command,
     Forbidden,
-    Owner,
     SetMode,
     Steer,
     UnknownAgent,
     UnknownAsk,
     UserMessage,
 )
-from gateway.auth import Unauthorized, authenticate
+from actors.quotas import QuotaExceeded, QuotaLimits, Scope, connection_refusal, scope_key
+from gateway.auth import Caller, Unauthorized, authenticate, load_verifier
 from gateway.metrics import GatewayMetrics
+from gateway.origins import OriginPolicy
 from gateway.session import FORBIDDEN_MESSAGE, Session
 from gateway.settings import Settings, check_bind
 from protocol.frames import (
@@ -65,7 +69,10 @@ from protocol.frames import (
     ClientFrame,
     CloseCode,
     CommandFrame,
+    DeleteFrame,
     ErrorCode,
+    ErrorFrame,
+    ExportFrame,
     FrameError,
     Open,
     Ping,
@@ -76,6 +83,7 @@ from protocol.frames import (
     Unsubscribe,
     UserMessageFrame,
     decode_client_frame,
+    encode_frame,
     recover_id,
 )
 
@@ -89,6 +97,12 @@ PLACEHOLDER_PAGE = (
     b"Health: <a href=/healthz>/healthz</a> <a href=/readyz>/readyz</a> <a href=/metrics>/metrics</a>.</p>"
 )
 BINARY_MESSAGE = "binary frames are not accepted: send JSON text frames"
+
+
+def _quota_error(refused: QuotaExceeded, frame_id: str | None = None, conversation_id: str | None = None) -> ErrorFrame:
+    return ErrorFrame(code=ErrorCode.QUOTA_EXCEEDED, message=refused.message, id=frame_id,
+                      conversation_id=conversation_id, quota=refused.quota.value, scope=refused.scope.value,
+                      resets_at=refused.resets_at_iso)
 
 
 def _command(frame: CommandFrame) -> Command:
@@ -114,12 +128,19 @@ class GatewayServer:
         self.metrics = GatewayMetrics()
         self.sessions: set[Session] = set()
         self.metrics.track(lambda: len(self.sessions), lambda: sum(s.queue_depth for s in self.sessions))
-        self._owners: weakref.WeakKeyDictionary[ServerConnection, Owner] = weakref.WeakKeyDictionary()
+        # Refuses to construct with auth settings that cannot work (AuthConfigError, OriginConfigError).
+        self._verifier = load_verifier(settings)
+        self._origins = OriginPolicy.from_settings(settings)
+        self._callers: weakref.WeakKeyDictionary[ServerConnection, Caller] = weakref.WeakKeyDictionary()
         self._server: Server | None = None
         self._backend_started = False
         self._draining = False
         self._drain_task: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
+        # Connection quotas: this replica's own sockets, by client address and by user.
+        self._quotas = QuotaLimits.from_settings(settings)
+        self._connections: collections.Counter[tuple[Scope, str]] = collections.Counter()
+        self._quota_metrics: asyncio.Task[None] | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -146,8 +167,18 @@ class GatewayServer:
             await self.backend.stop()
             raise
         host, port = self._server.sockets[0].getsockname()[:2]
+        self._quota_metrics = asyncio.get_running_loop().create_task(self._read_quota_counters())
         log.info("reactgate gateway listening on %s:%s", host, port)
         return str(host), int(port)
+
+    async def _read_quota_counters(self) -> None:
+        """The store's tenant quota counters into /metrics, every `quota_metrics_interval_s`."""
+        while True:
+            try:
+                self.metrics.set_quota_usage(await self.backend.quota_usage())
+            except Exception:
+                log.warning("reading the quota counters failed", exc_info=True)
+            await asyncio.sleep(self.settings.quota_metrics_interval_s)
 
     async def serve_forever(self) -> None:
         """Return once `drain()` finished (or the server was closed)."""
@@ -165,6 +196,8 @@ class GatewayServer:
             await self._stopped.wait()
             return
         self._draining = True
+        if self._quota_metrics is not None:
+            self._quota_metrics.cancel()
         deadline = time.monotonic() + self.settings.drain_grace_s
         server = self._server
         try:
@@ -220,12 +253,18 @@ class GatewayServer:
             return connection.respond(HTTPStatus.NOT_FOUND, f"not found: the WebSocket endpoint is {WS_PATH}\n")
         if self._draining:
             return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "draining: reconnect to another replica\n")
+        origins = request.headers.get_all("Origin")
+        if not self._origins.allows(origins, request.headers.get("Host")):
+            self.metrics.connections_refused.labels("origin").inc()
+            # the Origin only (the client's choice, repr-escaped and cut short), never a token
+            log.warning("refused a WebSocket handshake from origin %.200r", ", ".join(origins))
+            return connection.respond(HTTPStatus.FORBIDDEN, "forbidden: origin not allowed\n")
         try:
-            owner = authenticate(request.headers, query, self.settings.auth_secret)
+            caller = authenticate(request.headers, query, self._verifier)
         except Unauthorized as exc:
             self.metrics.connections_refused.labels("unauthorized").inc()
             return connection.respond(HTTPStatus.UNAUTHORIZED, f"unauthorized: {exc}\n")
-        self._owners[connection] = owner
+        self._callers[connection] = caller
         return None  # go on with the WebSocket handshake (subprotocol negotiation)
 
     def _static(self, connection: ServerConnection, name: str) -> Response:
@@ -238,8 +277,8 @@ class GatewayServer:
     # -- WebSocket ----------------------------------------------------------------------------
 
     async def _handle_connection(self, ws: ServerConnection) -> None:
-        owner = self._owners.pop(ws, None)
-        if owner is None:  # process_request always sets it; never serve an unauthenticated socket
+        caller = self._callers.pop(ws, None)
+        if caller is None:  # process_request always sets it; never serve an unauthenticated socket
             await ws.close(CloseCode.POLICY_VIOLATION, "unauthenticated")
             return
         if len(self.sessions) >= self.settings.max_connections:
@@ -247,8 +286,15 @@ class GatewayServer:
             with contextlib.suppress(ConnectionClosed):
                 await ws.close(CloseCode.TRY_AGAIN_LATER, "overloaded: max connections reached, retry later")
             return
-        session = Session(ws, owner, self.backend, self.settings, self.metrics)
+        held = ((Scope.IP, str(ws.remote_address[0]) if ws.remote_address else ""),
+                (Scope.USER, scope_key(Scope.USER, caller.owner)))
+        refused = connection_refusal(self._quotas, *(self._connections[key] for key in held))
+        if refused is not None:
+            await self._refuse_connection(ws, caller.owner.tenant, refused)
+            return
+        session = Session(ws, caller.owner, self.backend, self.settings, self.metrics, expires_at=caller.expires_at)
         self.sessions.add(session)
+        self._connections.update(held)
         self.metrics.connections_total.inc()
         try:
             await self._read_loop(ws, session)
@@ -256,7 +302,21 @@ class GatewayServer:
             pass
         finally:
             self.sessions.discard(session)
+            self._connections.subtract(held)
+            for key in held:
+                if self._connections[key] <= 0:
+                    del self._connections[key]
             await session.aclose()
+
+    async def _refuse_connection(self, ws: ServerConnection, tenant: str, refused: QuotaExceeded) -> None:
+        """Over a connection quota: the client learns which one, then the connection closes like one
+        over max connections (1013: retry later)."""
+        self.metrics.connections_refused.labels(f"quota_{refused.quota}_{refused.scope}").inc()
+        self.metrics.quota_refused.labels(tenant, refused.quota.value, refused.scope.value).inc()
+        self.metrics.errors.labels(ErrorCode.QUOTA_EXCEEDED.value).inc()
+        with contextlib.suppress(ConnectionClosed):
+            await ws.send(encode_frame(_quota_error(refused)), text=True)
+            await ws.close(CloseCode.TRY_AGAIN_LATER, refused.message[:120])
 
     async def _read_loop(self, ws: ServerConnection, session: Session) -> None:
         while True:
@@ -308,6 +368,9 @@ class GatewayServer:
         except UnknownAsk:
             session.error(ErrorCode.NOT_FOUND, "no question is waiting for this ask_id (answered, timed out, "
                           "or never asked)", frame.id, conversation_id)
+        except QuotaExceeded as refused:  # raised by the backend or a host: the frame was not acted on
+            self.metrics.quota_refused.labels(session.owner.tenant, refused.quota.value, refused.scope.value).inc()
+            session.send(_quota_error(refused, frame.id, conversation_id))
         except ConnectionClosed:
             raise
         except Exception:
@@ -355,6 +418,16 @@ class GatewayServer:
             case UserMessageFrame() | SteerFrame() | AnswerFrame() | SetModeFrame() | CancelFrame():
                 status = await backend.command(owner, frame.conversation_id, _command(frame))
                 session.send(Ack(id=frame.id, status=status, conversation_id=frame.conversation_id))
+            case DeleteFrame():
+                # Its watchers, on this connection too, get `conversation.deleted` from the backend; like
+                # any command's events, that may come before this ack or after it.
+                status = await backend.delete(owner, frame.conversation_id, frame.id)
+                session.send(Ack(id=frame.id, status=status, conversation_id=frame.conversation_id))
+            case ExportFrame():
+                export = await backend.export(owner, frame.conversation_id, frame.id)
+                session.send(Ack(id=frame.id, status=export.status, conversation_id=frame.conversation_id,
+                                 last_seq=export.last_seq))
+                session.export(frame.id, frame.conversation_id, export)  # after the ack, on the same queue
 
 
 def _response(status: HTTPStatus, body: bytes, content_type: str) -> Response:

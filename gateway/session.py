@@ -12,6 +12,11 @@ events are dropped, and the client gets one `slow_consumer` error per paused con
 
 Control frames (ack, error, pong) are also bounded, with headroom above the event bound: a
 client that keeps sending but never reads is closed with 1008 once even that headroom is gone.
+
+An export (docs/wire-protocol.md#export) goes through the same queue, from a task of its own that
+fills at most half of the event bound and then waits for the writer to drain it: the export is
+paced by this client's socket, never drops a frame, and leaves room for the live subscriptions, so
+it cannot make them overflow.
 """
 
 from __future__ import annotations
@@ -27,12 +32,20 @@ from typing import Protocol
 
 from websockets.exceptions import ConnectionClosed
 
-from actors.hosting.backend import Backend, Forbidden, Owner
+from actors.hosting.backend import Backend, Export, Forbidden, Owner
 from gateway.limits import BadFrameCounter, TokenBucket
 from gateway.metrics import GatewayMetrics
 from gateway.settings import Settings
-from protocol.events import Event
-from protocol.frames import CloseCode, ErrorCode, ErrorFrame, ServerFrame, encode_event, encode_frame
+from protocol.events import ConversationDeleted, Event
+from protocol.frames import (
+    CloseCode,
+    ErrorCode,
+    ErrorFrame,
+    ExportCompleted,
+    ServerFrame,
+    encode_event,
+    encode_frame,
+)
 
 log = logging.getLogger("reactgate.gateway.session")
 
@@ -58,6 +71,7 @@ class _Kind(Enum):
     CONTROL = 1
     EVENT = 2
     PAUSED = 3  # a slow_consumer error, encoded when written so it carries the delivered seq
+    EXPORT = 4  # an event frame of an export: kept when subscriptions pause
 
 
 class _Out:
@@ -96,6 +110,8 @@ class Session:
         backend: Backend,
         settings: Settings,
         metrics: GatewayMetrics,
+        *,
+        expires_at: float | None = None,
     ) -> None:
         self.sink = sink
         self.owner = owner
@@ -113,7 +129,14 @@ class Session:
         self._idle.set()
         self._closing = False
         self._close_task: asyncio.Task[None] | None = None
+        self._exports: set[asyncio.Task[None]] = set()
         self._writer = asyncio.create_task(self._write(), name="reactgate-session-writer")
+        # The token authorizes the connection until its `exp`, not for as long as the socket lives:
+        # a revoked user is out within max_token_ttl_s (README.md#security). The client reconnects
+        # with a fresh token and resumes after its last seq (docs/wire-protocol.md#6-close-codes).
+        self._expiry: asyncio.TimerHandle | None = None
+        if expires_at is not None:
+            self._expiry = asyncio.get_running_loop().call_later(max(0.0, expires_at - time.time()), self._expire)
 
     # -- queue --------------------------------------------------------------------------------
 
@@ -173,6 +196,9 @@ class Session:
                         last_seq=item.sub.delivered,
                     )
                     await sink.send(encode_frame(frame), text=True)
+                elif item.kind is _Kind.EXPORT:
+                    await sink.send(item.payload, text=True)
+                    metrics.events_sent.inc()
                 else:
                     await sink.send(item.payload, text=True)
         except ConnectionClosed:
@@ -234,6 +260,11 @@ class Session:
                     async for batch in stream:
                         before = sub.enqueued
                         if not await self._offer(sub, batch):
+                            return
+                        if batch and isinstance(batch[-1].data, ConversationDeleted):
+                            # Its last event is queued; there is nothing left to watch (docs/design.md#deletion).
+                            if self.subs.get(sub.conversation_id) is sub:
+                                del self.subs[sub.conversation_id]
                             return
                         if sub.enqueued > before:
                             failures = 0  # progress: a later failure starts a fresh series
@@ -311,6 +342,48 @@ class Session:
         """Stop producing events (drain): what is queued still goes out."""
         for sub in self.subs.values():
             self._stop(sub)
+        for task in self._exports:
+            task.cancel()
+
+    # -- exports ------------------------------------------------------------------------------
+
+    def export(self, frame_id: str, conversation_id: str, export: Export) -> None:
+        """Send an export, acked already: its events, then `export.completed` (docs/wire-protocol.md#export)."""
+        task = asyncio.create_task(self._export(frame_id, conversation_id, export), name="reactgate-export")
+        self._exports.add(task)
+        task.add_done_callback(self._exports.discard)
+
+    async def _export(self, frame_id: str, conversation_id: str, export: Export) -> None:
+        sent = 0
+        room = max(1, self.max_events // 2)
+        try:
+            async for page in export.pages:
+                for event in page:
+                    while len(self._queue) >= room:  # paced by this client's socket: wait for the writer
+                        if self._closing or self._writer.done():
+                            return
+                        self._wake.set()
+                        if self._idle.is_set():
+                            await asyncio.sleep(0)  # stale: the writer has not woken up yet
+                        else:
+                            await self._idle.wait()
+                    if self._closing:
+                        return
+                    self._queue.append(_Out(_Kind.EXPORT, encode_event(event)))
+                    sent += 1
+                self._wake.set()
+        except Exception:
+            log.exception("export of %s failed", conversation_id)
+            self.error(ErrorCode.INTERNAL, "internal error: export ended; export again with the same id",
+                       frame_id, conversation_id)
+            return
+        finally:
+            aclose = getattr(export.pages, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
+        self.send(ExportCompleted(id=frame_id, conversation_id=conversation_id, events=sent,
+                                  last_seq=export.last_seq))
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -333,12 +406,21 @@ class Session:
         with contextlib.suppress(ConnectionClosed):
             await self.sink.close(code, reason)
 
+    def _expire(self) -> None:
+        self.metrics.errors.labels("token_expired").inc()
+        self.close_soon(CloseCode.TOKEN_EXPIRED, "token expired")
+
     async def aclose(self) -> None:
         """Release everything this connection holds. Idempotent."""
         self._closing = True
+        if self._expiry is not None:
+            self._expiry.cancel()
         tasks = [sub.task for sub in self.subs.values() if sub.task is not None]
         for sub in self.subs.values():
             self._stop(sub)
+        for task in self._exports:
+            task.cancel()
+        tasks += self._exports
         self.subs.clear()
         self._writer.cancel()
         tasks.append(self._writer)

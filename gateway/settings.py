@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 class Settings(BaseSettings):
@@ -29,7 +29,31 @@ class Settings(BaseSettings):
     # `ray_cpus` is num_cpus of a Ray this process starts when `ray_address` is unset.
     hosts: int = Field(default=2, gt=0)
     ray_cpus: int = Field(default=2, gt=0)
+    # Who may connect (gateway/auth.py, README.md#security). Tokens are verified with exactly one
+    # key source: the HS256 `auth_secret`, or an RS256/ES256 public key (a PEM file, or a JWKS file
+    # whose keys are picked by `kid`). Any of them counts as "auth configured" for `check_bind`.
     auth_secret: SecretStr | None = None
+    jwt_public_key_file: Path | None = None
+    jwks_file: Path | None = None
+    jwt_issuer: str | None = None            # required `iss` when set
+    jwt_audience: str | None = None          # required `aud` when set; unset, a token with `aud` is refused
+    max_token_ttl_s: float = Field(default=86_400.0, gt=0)  # caps `exp - iat`
+    # Browser origins allowed with auth configured, comma-separated exact origins
+    # (REACTGATE_ALLOWED_ORIGINS=https://app.example,https://admin.example). Without auth only
+    # loopback origins are; the console's own origin (Origin == the request's Host) always is.
+    allowed_origins: Annotated[tuple[str, ...], NoDecode] = ()
+
+    @field_validator("allowed_origins", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @property
+    def auth_configured(self) -> bool:
+        """A token is required: a secret, a public key or a JWKS file is set."""
+        return self.auth_secret is not None or self.jwt_public_key_file is not None or self.jwks_file is not None
 
     max_frame_bytes: int = Field(default=256 * 1024, gt=0)
     send_queue_frames: int = Field(default=2000, gt=0)
@@ -42,10 +66,24 @@ class Settings(BaseSettings):
     idle_ttl_s: float = Field(default=600.0, gt=0)
     # permessage-deflate: ~64 KiB per connection instead of ~14 KiB (FIELD_NOTES); off by default
     compression: bool = False
+    # Quotas per user and per tenant (docs/design.md#quotas; the table: actors/quotas.py QUOTAS).
+    # 0: no limit (still counted). Enforced by the hosts and the backends, not only this gateway.
+    quota_open_conversations_per_user: int = Field(default=1_000, ge=0)
+    quota_open_conversations_per_tenant: int = Field(default=100_000, ge=0)
+    quota_concurrent_turns_per_user: int = Field(default=16, ge=0)
+    quota_concurrent_turns_per_tenant: int = Field(default=1_000, ge=0)
+    quota_turns_per_minute_per_user: int = Field(default=120, ge=0)
+    quota_turns_per_minute_per_tenant: int = Field(default=6_000, ge=0)
+    quota_tokens_per_day_per_user: int = Field(default=5_000_000, ge=0)
+    quota_tokens_per_day_per_tenant: int = Field(default=200_000_000, ge=0)
+    quota_tool_calls_per_turn: int = Field(default=50, ge=0)
+    quota_connections_per_ip: int = Field(default=256, ge=0)      # per replica
+    quota_connections_per_user: int = Field(default=64, ge=0)     # per replica
+    quota_metrics_interval_s: float = Field(default=15.0, gt=0)   # /metrics reads the counters this often
 
 
 class BindRefused(ValueError):
-    """Binding a non-loopback address without an auth secret would serve anonymous users."""
+    """Binding a non-loopback address without auth configured would serve anonymous users."""
 
 
 def is_loopback(host: str) -> bool:
@@ -59,10 +97,12 @@ def is_loopback(host: str) -> bool:
 
 
 def check_bind(settings: Settings) -> None:
-    """Refuse to start on a non-loopback address without `auth_secret` (docs/wire-protocol.md#authentication)."""
-    if settings.auth_secret is None and not is_loopback(settings.host):
+    """Refuse to start on a non-loopback address without auth configured (a secret, a public key or
+    a JWKS file: `Settings.auth_configured`; docs/wire-protocol.md#authentication)."""
+    if not settings.auth_configured and not is_loopback(settings.host):
         raise BindRefused(
-            f"refusing to bind {settings.host!r} without an auth secret: anonymous access is only "
-            "served on a loopback address (127.0.0.0/8, ::1, localhost). Set REACTGATE_AUTH_SECRET "
-            "(or --auth-secret) or bind 127.0.0.1."
+            f"refusing to bind {settings.host!r} without an auth secret or a JWT public key: anonymous "
+            "access is only served on a loopback address (127.0.0.0/8, ::1, localhost). Set "
+            "REACTGATE_AUTH_SECRET (or --auth-secret), REACTGATE_JWT_PUBLIC_KEY_FILE or "
+            "REACTGATE_JWKS_FILE, or bind 127.0.0.1."
         )

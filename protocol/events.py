@@ -234,18 +234,35 @@ class Salvaged(Trace, frozen=True, tag="salvaged"):
 
 TraceData = IllegalFinish | NoToolFinish | IterationLimit | Salvaged
 
+
+# -- the end of a conversation: sent, never stored -------------------------------------------------
+
+
+class ConversationDeleted(EventData, frozen=True):
+    """The conversation was deleted (docs/wire-protocol.md#conversationdeleted): the last event a
+    subscription sends, then it ends. Never stored — the log it would belong to is gone — so its
+    `seq` is the subscription's own last seq + 1, which every client takes as the next event.
+    `last_seq` is the last seq the log had published: a subscription that ends before it missed
+    events that no longer exist."""
+
+    KIND: ClassVar[str] = "conversation.deleted"
+    last_seq: int
+
+
 Payload = (
     TurnStarted | ThinkingDelta | AnswerDelta | TurnCompleted | ToolCalled | ToolResult | AskUser | UiCommand
-    | Fallback | RoundCompleted | TraceData
+    | Fallback | RoundCompleted | TraceData | ConversationDeleted
 )
 
-# Kind name → the type its payload decodes to.
+# Kind name → the type its payload decodes to: the kinds a log stores.
 EVENT_KINDS: Final[dict[str, Any]] = {
     cls.KIND: cls
     for cls in (TurnStarted, ThinkingDelta, AnswerDelta, TurnCompleted, ToolCalled, ToolResult, AskUser,
                 UiCommand, Fallback, RoundCompleted)
 }
 EVENT_KINDS[Trace.KIND] = TraceData
+# Kinds only a stream carries, never a log.
+STREAM_KINDS: Final[dict[str, Any]] = {ConversationDeleted.KIND: ConversationDeleted}
 
 # Deltas of one lane may be merged into one event (docs/design.md#event-log).
 DELTA_KINDS: Final = (ThinkingDelta, AnswerDelta)
@@ -273,7 +290,7 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
 # -- encoding and decoding: one decoder per kind, built once -------------------------------------
 
 _encoder: Final = msgspec.json.Encoder()
-_decoders: Final = {kind: msgspec.json.Decoder(t) for kind, t in EVENT_KINDS.items()}
+_decoders: Final = {kind: msgspec.json.Decoder(t) for kind, t in (EVENT_KINDS | STREAM_KINDS).items()}
 _unknown: Final = msgspec.json.Decoder(dict[str, Any])
 
 

@@ -37,6 +37,7 @@ class ErrorCode(StrEnum):
     SLOW_CONSUMER = "slow_consumer"
     OVERLOADED = "overloaded"
     INTERNAL = "internal"
+    QUOTA_EXCEEDED = "quota_exceeded"
 
 
 ERROR_CODES: Final[dict[ErrorCode, str]] = {
@@ -52,6 +53,8 @@ ERROR_CODES: Final[dict[ErrorCode, str]] = {
     ErrorCode.OVERLOADED: "a per-connection limit is reached (e.g. 64 watched conversations); "
     "at the server level, max connections closes with 1013",
     ErrorCode.INTERNAL: "an unexpected server error; details are logged, never sent",
+    ErrorCode.QUOTA_EXCEEDED: "a quota refused the frame or the connection (`quota`, `scope`, and `resets_at` "
+    "for a windowed one); the connection stays open, except over a connection quota (then 1013)",
 }
 
 
@@ -63,6 +66,7 @@ class CloseCode(IntEnum):
     INTERNAL_ERROR = 1011     # the gateway itself failed (never for bad input)
     SERVICE_RESTART = 1012    # drain on SIGTERM
     TRY_AGAIN_LATER = 1013    # max connections reached
+    TOKEN_EXPIRED = 4001      # the connection's JWT reached its `exp`: reconnect with a fresh token
 
 
 # ---------------------------------------------------------------------------------------------
@@ -132,6 +136,18 @@ class Ping(_ClientFrame, tag="ping", frozen=True):
     pass
 
 
+class DeleteFrame(_ClientFrame, tag="delete", frozen=True):
+    """Delete the conversation for good (docs/wire-protocol.md#delete): owner only, idempotent by id."""
+
+    conversation_id: ConversationId
+
+
+class ExportFrame(_ClientFrame, tag="export", frozen=True):
+    """The conversation's whole log as event frames, then `export.completed` (docs/wire-protocol.md#export)."""
+
+    conversation_id: ConversationId
+
+
 ClientFrame = (
     Open
     | Subscribe
@@ -142,10 +158,13 @@ ClientFrame = (
     | SetModeFrame
     | CancelFrame
     | Ping
+    | DeleteFrame
+    | ExportFrame
 )
 CommandFrame = UserMessageFrame | SteerFrame | AnswerFrame | SetModeFrame | CancelFrame
 CLIENT_FRAME_TYPES: Final[tuple[str, ...]] = (
     "open", "subscribe", "unsubscribe", "user_message", "steer", "answer", "set_mode", "cancel", "ping",
+    "delete", "export",
 )
 
 
@@ -210,7 +229,8 @@ class Ack(_ServerFrame, tag="ack", frozen=True):
     id: str
     status: AckStatus               # always sent: omit_defaults must not drop it
     conversation_id: str | None = None
-    last_seq: int | None = None     # open: the conversation's head; subscribe: its head at subscribe
+    last_seq: int | None = None     # open: the conversation's head; subscribe: its head at subscribe;
+                                    # export: the last seq the export holds
     after_seq: int | None = None    # subscribe: where the stream starts
 
 
@@ -220,6 +240,12 @@ class ErrorFrame(_ServerFrame, tag="error", frozen=True):
     id: str | None = None
     conversation_id: str | None = None
     last_seq: int | None = None     # slow_consumer: the last seq delivered before the pause
+    # quota_exceeded only (docs/design.md#quotas); omitted otherwise, so every other error frame
+    # keeps its bytes: which quota, for whom (`user`, `tenant`, `ip`), and when a windowed one resets
+    # (ISO 8601 UTC, e.g. "2026-01-02T03:04:00Z").
+    quota: str | None = None
+    scope: str | None = None
+    resets_at: str | None = None
 
 
 class EventFrame(_ServerFrame, tag="event", frozen=True):
@@ -236,11 +262,21 @@ class Pong(_ServerFrame, tag="pong", frozen=True):
     id: str
 
 
-ServerFrame = Ack | ErrorFrame | Pong
-ReceivedFrame = Ack | ErrorFrame | Event | Pong
+class ExportCompleted(_ServerFrame, tag="export.completed", frozen=True):
+    """The end of an export: its own frame type, never an event, so that a client tells it apart from
+    anything a subscription sends; `id` is the `export` frame's (docs/wire-protocol.md#export)."""
+
+    id: str
+    conversation_id: str
+    events: int                     # event frames this export sent: 1..last_seq, unless deleted meanwhile
+    last_seq: int                   # the head the export covers (its ack's last_seq)
+
+
+ServerFrame = Ack | ErrorFrame | Pong | ExportCompleted
+ReceivedFrame = Ack | ErrorFrame | Event | Pong | ExportCompleted
 
 _encoder: Final = msgspec.json.Encoder()
-_server_decoder: Final = msgspec.json.Decoder(Ack | ErrorFrame | EventFrame | Pong)
+_server_decoder: Final = msgspec.json.Decoder(Ack | ErrorFrame | EventFrame | Pong | ExportCompleted)
 _EVENT_PREFIX: Final = b'{"type":"event",'
 
 
@@ -261,7 +297,7 @@ def decode_server_frame(data: bytes | str) -> ReceivedFrame:
     """For clients: one decoder for everything the gateway sends; an event comes out typed (or, when
     its data does not fit its kind, as plain data: its seq still counts). Raises msgspec.DecodeError /
     msgspec.ValidationError on a frame whose envelope does not fit."""
-    frame: Ack | ErrorFrame | EventFrame | Pong = _server_decoder.decode(data)
+    frame: Ack | ErrorFrame | EventFrame | Pong | ExportCompleted = _server_decoder.decode(data)
     if type(frame) is EventFrame:
         return Event(conversation_id=frame.conversation_id, seq=frame.seq, event=frame.event,
                      data=decode_data(frame.event, frame.data, lenient=True), ts=frame.ts)

@@ -27,10 +27,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jwt
 
@@ -46,6 +46,10 @@ from protocol.events import Event
 from protocol.frames import encode_event
 from tests.kit import Client, client, http_get
 from tests.roundkit import action, call, complete, text_round, thinking
+
+if TYPE_CHECKING:
+    from actors.ray.backend import RayBackend
+    from actors.ray.config import RayConfig
 
 SECRET = "e2e-secret-for-hs256-long-enough-32b!"
 REPO = Path(__file__).resolve().parent.parent
@@ -87,8 +91,15 @@ def slow_answer_script(answer_chars: int = 240, delay_ms: float = 15) -> dict[st
 # -- tokens (docs/wire-protocol.md#authentication) -----------------------------------------------------------------------
 
 
-def token(sub: str = "alice", tenant: str = "acme", *, secret: str = SECRET, exp_in: float = 3600) -> str:
-    return jwt.encode({"sub": sub, "tenant": tenant, "exp": int(time.time() + exp_in)}, secret, algorithm="HS256")
+def token(
+    sub: str = "alice", tenant: str = "acme", *, secret: Any = SECRET, exp_in: float = 3600, algorithm: str = "HS256",
+    headers: dict[str, Any] | None = None, **claims: Any,
+) -> str:
+    """A token the e2e server accepts by default: `iat` now, `exp` in `exp_in` s (required claims,
+    docs/wire-protocol.md#authentication). `claims` add or replace claims; a None drops one."""
+    now = time.time()
+    payload = {"sub": sub, "tenant": tenant, "iat": int(now), "exp": int(now + exp_in), **claims}
+    return jwt.encode({k: v for k, v in payload.items() if v is not None}, secret, algorithm=algorithm, headers=headers)
 
 
 # -- the client ----------------------------------------------------------------------------------
@@ -121,7 +132,7 @@ def check_log(events: Sequence[Mapping[str, Any]]) -> None:
 @dataclass
 class LocalServer:
     server: GatewayServer
-    backend: LocalBackend
+    backend: LocalBackend | RayBackend   # a RayBackend from `ray_server`
     settings: Settings
     host: str
     port: int
@@ -184,6 +195,58 @@ async def local_server(
     host, port = await server.start()
     try:
         yield LocalServer(server, backend, config, host, port)
+    finally:
+        await server.drain()
+
+
+# -- the same server on the Ray backend (tests/test_hosting.py's Ray) ---------------------------------
+
+
+@dataclass(frozen=True)
+class RayHosting:
+    """A real Ray instance for one test module and the RayConfig its hosts run. Hosts are started
+    once per Ray instance, so every `ray_server` of the module shares this config (store, agents)."""
+
+    config: RayConfig
+    default_agent: str
+
+
+@contextlib.contextmanager
+def ray_hosting(root: Path, scripts: Mapping[str, Mapping[str, Any]]) -> Iterator[RayHosting]:
+    """`ray.init` (2 CPUs, no dashboard) until the block ends, with one agent per script: the demo
+    profile named after the script's key, playing it (the first is the default agent)."""
+    import ray
+
+    from actors.ray.config import RayConfig
+    from actors.ray.names import NAMESPACE
+
+    registry = demo_registry()
+    profiles, files = {}, {}
+    for agent, data in scripts.items():
+        path = root / f"{agent}.json"
+        path.write_text(json.dumps(data))
+        name = f"e2e-ray-{os.getpid()}-{agent}"
+        files[name] = str(path)  # each Ray host registers it (gateway/app.py's ray_config does the same)
+        profiles[agent] = demo_profile(known_tools=registry).model_copy(update={"name": agent}).with_script(name)
+    config = RayConfig(store_url=store_url(root / "ray.sqlite3"), registry=registry, profiles=profiles,
+                       scripts=files, hosts=2)
+    ray.init(num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
+    try:
+        yield RayHosting(config, next(iter(scripts)))
+    finally:
+        ray.shutdown()
+
+
+@contextlib.asynccontextmanager
+async def ray_server(hosting: RayHosting, **settings: Any) -> AsyncIterator[LocalServer]:
+    """`local_server`'s gateway over a `RayBackend` on `hosting`'s Ray, with `settings` as Settings fields."""
+    from actors.ray.backend import RayBackend
+
+    config = Settings(host="127.0.0.1", port=0, backend="ray", store=hosting.config.store_url, **settings)
+    server = GatewayServer(config, RayBackend(hosting.config, default_agent=hosting.default_agent))
+    host, port = await server.start()
+    try:
+        yield LocalServer(server, server.backend, config, host, port)  # type: ignore[arg-type]
     finally:
         await server.drain()
 

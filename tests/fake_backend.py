@@ -58,6 +58,9 @@ class FakeBackend:
     async def start(self) -> None:
         self.started = True
 
+    async def quota_usage(self) -> list[Any]:
+        return []  # no quotas here: the real counters are the store's (tests/test_e2e_quotas.py)
+
     async def stop(self) -> None:
         self.stopped = True
         for conv in self.conversations.values():

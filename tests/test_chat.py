@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import random
+import sqlite3
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -24,7 +26,18 @@ import jwt
 import pytest
 
 from actors.hosting.backend import Backend
-from client.chat import Chat, Info, Problem, Status, Step, Transcript, render_all
+from client.chat import (
+    CONFIRM_DELETE,
+    Chat,
+    Info,
+    Problem,
+    Save,
+    Status,
+    Step,
+    Transcript,
+    render_all,
+    write_export,
+)
 from client.connection import Backoff, ConnectionLost
 from client.session import ClientSession, Send
 from gateway.app import build_backend
@@ -56,8 +69,11 @@ from protocol.frames import (
     AnswerFrame,
     CancelFrame,
     ClientFrame,
+    DeleteFrame,
     ErrorCode,
     ErrorFrame,
+    ExportCompleted,
+    ExportFrame,
     Mode,
     Open,
     SetModeFrame,
@@ -472,7 +488,7 @@ def test_prompt_lines_become_frames(line: str, expected: ClientFrame) -> None:
     assert typed(chat, line)[0] == [expected]
 
 
-@pytest.mark.parametrize("line", ["/mode", "/mode fast", "/steer", "/nope"])
+@pytest.mark.parametrize("line", ["/mode", "/mode fast", "/steer", "/export", "/nope"])
 def test_bad_commands_are_local_errors(line: str) -> None:
     chat, _ = ready_chat()
     sends, step = typed(chat, line)
@@ -490,6 +506,47 @@ def test_an_acked_mode_change_is_confirmed() -> None:
     chat, _ = ready_chat()
     (frame,), _ = typed(chat, "/mode ask")
     assert receive(chat, ack(frame.id))[1].shown == [Info("mode ask (accepted)")]
+
+
+# -- /delete and /export -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("answer", ["no", "", "y", "/quit", "YES"])
+def test_delete_asks_once_and_anything_but_yes_keeps_the_conversation(answer: str) -> None:
+    chat, _ = ready_chat()
+    assert typed(chat, "/delete") == ([], Step([Info(CONFIRM_DELETE)], idle=True))
+    sends, step = typed(chat, answer)
+    assert sends == [] and step.shown == [Info("not deleted")] and not step.quit
+    assert typed(chat, "hello")[0] == [UserMessageFrame(id="id3", conversation_id=CID, text="hello")]
+
+
+def test_delete_confirmed_sends_the_delete_and_the_chat_ends_when_it_is_gone() -> None:
+    chat, _ = ready_chat()
+    typed(chat, "/delete")
+    sends, _ = typed(chat, "yes")
+    assert sends == [DeleteFrame(id="id3", conversation_id=CID)]
+    _, step = receive(chat, ack("id3", conversation_id=CID))
+    assert step.shown == [Info(f"conversation {CID} deleted")]
+    assert chat.session.ended == "deleted"
+
+
+def test_export_writes_every_event_as_the_frame_it_came_in_then_says_how_many(tmp_path: Path) -> None:
+    chat, _ = ready_chat()
+    receive(chat, *DEMO_TURN)
+    path = tmp_path / "out.jsonl"
+    sends, step = typed(chat, f"/export {path}")
+    assert sends == [ExportFrame(id="id3", conversation_id=CID)] and step == Step()
+    last = len(DEMO_TURN)
+    done = encode_frame(ExportCompleted(id="id3", conversation_id=CID, events=last, last_seq=last))
+    _, step = receive(chat, ack("id3", conversation_id=CID, last_seq=last), *DEMO_TURN, done)
+    assert step.save == Save(str(path), [frame.decode() for frame in DEMO_TURN], last) and step.idle
+    assert write_export(step.save) == Info(f"exported {last} events to {path}")
+    assert path.read_bytes() == b"".join(frame + b"\n" for frame in DEMO_TURN)
+
+
+def test_an_export_that_cannot_be_written_is_a_problem_not_a_crash(tmp_path: Path) -> None:
+    shown = write_export(Save(str(tmp_path / "no" / "such" / "dir.jsonl"), ["{}"], 1))
+    assert isinstance(shown, Problem) and shown.code == "export"
 
 
 # -- the transcript ------------------------------------------------------------------------------
@@ -618,12 +675,19 @@ class ChatRun:
 
         await asyncio.wait_for(wait(), timeout)
 
+    async def type(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{line}\n".encode())
+        await self.proc.stdin.drain()
+
 
 @contextlib.asynccontextmanager
-async def chat(*args: str, env: dict[str, str] | None = None) -> AsyncIterator[ChatRun]:
+async def chat(*args: str, env: dict[str, str] | None = None, stdin: bool = False) -> AsyncIterator[ChatRun]:
+    """`reactgate chat ARGS` as a subprocess; `stdin`: lines can be typed (`ChatRun.type`)."""
     proc = await asyncio.create_subprocess_exec(
         *chat_command(), "chat", *args, cwd=REPO, env=chat_env() | (env or {}),
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     run = ChatRun(proc)
 
@@ -732,7 +796,8 @@ async def test_chat_gives_up_with_exit_2_on_a_refused_handshake(tmp_path: Path) 
 @pytest.mark.slow
 async def test_chat_authenticates_with_the_token_from_the_environment(tmp_path: Path) -> None:
     secret = "chat-test-secret-for-hs256-at-least-32-bytes"
-    token = jwt.encode({"sub": "alice", "tenant": "acme", "exp": int(time.time()) + 600}, secret, algorithm="HS256")
+    now = int(time.time())
+    token = jwt.encode({"sub": "alice", "tenant": "acme", "iat": now, "exp": now + 600}, secret, algorithm="HS256")
     async with gateway(local_backend(tmp_path), auth_secret=secret) as (_, port):
         url = f"ws://127.0.0.1:{port}/ws"
         async with chat("--message", "hi", "--url", url) as refused:
@@ -741,3 +806,29 @@ async def test_chat_authenticates_with_the_token_from_the_environment(tmp_path: 
         async with chat("--message", "weather in Paris?", "--url", url, env={"REACTGATE_TOKEN": token}) as run:
             assert await run.exit_code(120) == 0, run.stderr
     assert run.stdout.count(DEMO_ANSWER) == 1
+
+
+@pytest.mark.slow
+async def test_chat_exports_the_conversation_to_a_file_then_deletes_it(tmp_path: Path) -> None:
+    out = tmp_path / "export.jsonl"
+    async with gateway(local_backend(tmp_path)) as (_, port), chat(
+        "--url", f"ws://127.0.0.1:{port}/ws", stdin=True
+    ) as run:
+        await run.wait_for_output("conversation c_")
+        await run.type("weather in Paris?")
+        await run.wait_for_output("✓ turn t1")
+        await run.type(f"/export {out}")
+        await run.wait_for_output(f"events to {out}")
+        await run.type("/delete")
+        await run.wait_for_output(CONFIRM_DELETE)
+        await run.type("yes")
+        assert await run.exit_code() == 0, run.stderr
+    cid = run.stdout.split("conversation ", 1)[1].split()[0]
+    frames = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert [f["seq"] for f in frames] == list(range(1, len(frames) + 1)) and frames[-1]["event"] == "turn.completed"
+    assert {f["conversation_id"] for f in frames} == {cid}
+    assert f"exported {len(frames)} events to {out}" in run.stdout
+    assert f"conversation {cid} deleted" in run.stdout
+    with sqlite3.connect(tmp_path / "chat.sqlite3") as db:
+        assert db.execute("SELECT count(*) FROM events WHERE conversation_id = ?", (cid,)).fetchone() == (0,)
+        assert db.execute("SELECT count(*) FROM tombstones WHERE conversation_id = ?", (cid,)).fetchone() == (1,)

@@ -23,6 +23,9 @@ from client.session import (
     ClientSession,
     CommandFailed,
     CommandLost,
+    Deleted,
+    ExportDone,
+    Exported,
     Fatal,
     GapDetected,
     Head,
@@ -38,14 +41,25 @@ from client.session import (
     Target,
     Unreadable,
 )
-from protocol.events import AnswerDelta, Event, EventData, ThinkingDelta, TurnCompleted, TurnStarted
+from protocol.events import (
+    AnswerDelta,
+    ConversationDeleted,
+    Event,
+    EventData,
+    ThinkingDelta,
+    TurnCompleted,
+    TurnStarted,
+)
 from protocol.frames import (
     Ack,
     AnswerFrame,
     CancelFrame,
     ClientFrame,
+    DeleteFrame,
     ErrorCode,
     ErrorFrame,
+    ExportCompleted,
+    ExportFrame,
     Mode,
     Open,
     SetModeFrame,
@@ -130,6 +144,7 @@ def test_the_error_reaction_table() -> None:
         ErrorCode.SLOW_CONSUMER: (S, S, S, S, S),
         ErrorCode.OVERLOADED: (F, F, F, D, P),
         ErrorCode.INTERNAL: (F, F, R, D, S),
+        ErrorCode.QUOTA_EXCEEDED: (F, F, F, D, P),
     }
     assert dict(ERROR_REACTIONS) == {
         (code, target): cell for code, row in expected.items() for target, cell in zip(columns, row, strict=True)
@@ -140,6 +155,7 @@ def test_the_error_reaction_table() -> None:
 def test_the_resend_table() -> None:
     assert dict(RESENT_AFTER_RECONNECT) == {
         UserMessageFrame: True, SteerFrame: True, AnswerFrame: True, SetModeFrame: True, CancelFrame: False,
+        DeleteFrame: True, ExportFrame: True,
     }
 
 
@@ -480,6 +496,106 @@ def test_a_fatal_error_on_the_head_check_ends_the_session() -> None:
     session.check_head()
     (head_open,) = sent(session.outputs())
     assert feed(session, error(ErrorCode.FORBIDDEN, "no", id=head_open.id)) == [Fatal("forbidden: no")]
+
+
+# -- delete and export (docs/wire-protocol.md#delete, docs/wire-protocol.md#export) ------------------
+
+
+def export_done(frame_id: str, events: int, last_seq: int) -> bytes:
+    return encode_frame(ExportCompleted(id=frame_id, conversation_id=CID, events=events, last_seq=last_seq))
+
+
+def exported(outputs: list[Output]) -> list[int]:
+    return [out.event.seq for out in outputs if isinstance(out, Exported)]
+
+
+def test_an_acked_delete_ends_the_session_with_deleted() -> None:
+    session = opened()
+    frame_id = session.delete()
+    assert sent(session.outputs()) == [DeleteFrame(id=frame_id, conversation_id=CID)]
+    outputs = feed(session, ack(frame_id, conversation_id=CID))
+    assert outputs == [Acked(DeleteFrame(id=frame_id, conversation_id=CID), "accepted", resent=False), Deleted(CID)]
+    assert session.ended == "deleted"
+    assert feed(session, thinking(1)) == []
+    session.connected()
+    assert session.outputs() == []  # nothing to reconnect to
+
+
+def test_conversation_deleted_is_delivered_then_ends_the_session_whoever_deleted_it() -> None:
+    session = opened()
+    final = event(3, ConversationDeleted(last_seq=2))
+    outputs = feed(session, thinking(1), thinking(2), final)
+    assert delivered(outputs) == [1, 2, 3] and outputs[-1] == Deleted(CID)
+    assert session.ended == "deleted"
+
+
+def test_a_delete_whose_ack_was_lost_is_resent_and_a_forbidden_reopen_means_it_went_through() -> None:
+    session = opened()
+    frame_id = session.delete()
+    session.outputs()
+    session.disconnected()
+    session.connected()
+    (reopen,) = sent(session.outputs())
+    assert feed(session, error(ErrorCode.FORBIDDEN, "gone", id=reopen.id)) == [Deleted(CID)]  # not Fatal
+    session = opened()
+    frame_id = session.delete()
+    session.outputs()
+    assert Send(DeleteFrame(id=frame_id, conversation_id=CID), resend=True) in reconnect(session)
+
+
+def test_a_delete_refused_fails_like_any_command_and_the_session_goes_on() -> None:
+    session = opened()
+    frame_id = session.delete()
+    session.outputs()
+    outputs = feed(session, error(ErrorCode.FORBIDDEN, "not yours", id=frame_id, conversation_id=CID))
+    assert outputs == [CommandFailed(DeleteFrame(id=frame_id, conversation_id=CID), ErrorCode.FORBIDDEN, "not yours")]
+    assert session.ended is None
+
+
+def test_an_export_outputs_every_event_once_in_order_then_export_done() -> None:
+    session = opened()
+    feed(session, thinking(1), thinking(2), thinking(3))
+    frame_id = session.export()
+    assert sent(session.outputs()) == [ExportFrame(id=frame_id, conversation_id=CID)]
+    outputs = feed(session, ack(frame_id, conversation_id=CID, last_seq=3), thinking(1), thinking(2), thinking(3),
+                   export_done(frame_id, 3, 3))
+    assert exported(outputs) == [1, 2, 3] and delivered(outputs) == []   # already delivered: not again
+    assert outputs[-1] == ExportDone(frame_id, 3, 3)
+    assert session.duplicates_dropped == 0 and session.pending_ids == ()
+
+
+def test_an_exports_frames_amid_a_stream_behind_them_are_never_a_gap() -> None:
+    session = opened()
+    feed(session, thinking(1))
+    frame_id = session.export()
+    session.outputs()
+    # the export's copies (x) and the subscription's own (s), interleaved as one socket carries them
+    x1, s2, x2, x3, s3, x4, s4, s5 = (thinking(n) for n in (1, 2, 2, 3, 3, 4, 4, 5))
+    outputs = feed(session, ack(frame_id, conversation_id=CID, last_seq=4), x1, s2, x2, x3, s3, x4, s4, s5,
+                   export_done(frame_id, 4, 4))
+    assert exported(outputs) == [1, 2, 3, 4] and delivered(outputs) == [2, 3, 4, 5]
+    assert not any(isinstance(out, GapDetected | Send) for out in outputs)
+    assert outputs[-1] == ExportDone(frame_id, 4, 4)
+
+
+def test_an_export_cut_by_a_reconnect_is_resent_with_its_id_and_goes_on_where_it_stopped() -> None:
+    session = opened()
+    frame_id = session.export()
+    session.outputs()
+    assert exported(feed(session, ack(frame_id, conversation_id=CID, last_seq=3), thinking(1))) == [1]
+    assert Send(ExportFrame(id=frame_id, conversation_id=CID), resend=True) in reconnect(session)
+    outputs = feed(session, ack(frame_id, status="duplicate", conversation_id=CID, last_seq=3),
+                   thinking(1), thinking(2), thinking(3), export_done(frame_id, 3, 3))
+    assert exported(outputs) == [2, 3] and outputs[-1] == ExportDone(frame_id, 3, 3)
+
+
+def test_an_export_refused_is_dropped_and_never_completes() -> None:
+    session = opened()
+    frame_id = session.export()
+    session.outputs()
+    outputs = feed(session, error(ErrorCode.FORBIDDEN, "no", id=frame_id, conversation_id=CID), thinking(1))
+    assert outputs[0] == CommandFailed(ExportFrame(id=frame_id, conversation_id=CID), ErrorCode.FORBIDDEN, "no")
+    assert exported(outputs) == [] and delivered(outputs) == [1]
 
 
 # -- the connection shell and the README example, against a real gateway --------------------------

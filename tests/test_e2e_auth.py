@@ -3,13 +3,14 @@
 Only the owner (`sub` + `tenant`) may open, watch or write to a conversation; anyone else gets
 `forbidden` with the very same reply whether or not the conversation exists, so the reply leaks
 nothing. Bad or expired tokens never get a WebSocket. Without a secret, the server refuses to
-bind anything but loopback.
+bind anything but loopback. Every case runs on both backends: ownership is checked by the hosting
+layer, which is a different program on each (tests/e2e.py `ray_server`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,16 +19,38 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from gateway.session import FORBIDDEN_MESSAGE
-from tests.e2e import SECRET, LocalServer, check_log, local_server, run_serve, store_url, token
+from tests.e2e import (
+    SECRET,
+    LocalServer,
+    RayHosting,
+    check_log,
+    local_server,
+    ray_hosting,
+    ray_server,
+    run_serve,
+    store_url,
+    token,
+    weather_then_answer,
+)
 from tests.kit import PROTO
 
 GHOST = "c_" + "q" * 22
 
 
-@pytest.fixture
-async def server(tmp_path: Path) -> AsyncIterator[LocalServer]:
-    async with local_server(tmp_path / "s.sqlite3", auth_secret=SECRET) as s:
-        yield s
+@pytest.fixture(scope="module")
+def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayHosting]:
+    with ray_hosting(tmp_path_factory.mktemp("ray"), {"demo": weather_then_answer()}) as hosting:
+        yield hosting
+
+
+@pytest.fixture(params=["local", pytest.param("ray", marks=pytest.mark.ray)])
+async def server(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[LocalServer]:
+    if request.param == "ray":
+        async with ray_server(request.getfixturevalue("ray_cluster"), auth_secret=SECRET) as s:
+            yield s
+    else:
+        async with local_server(tmp_path / "s.sqlite3", auth_secret=SECRET) as s:
+            yield s
 
 
 def frames(conversation_id: str) -> list[dict[str, Any]]:
@@ -87,9 +110,10 @@ async def test_the_owner_reconnecting_with_a_fresh_token_may_open_and_watch(serv
         None,
         token(secret="not-the-server-secret-but-as-long-as-it"),
         token(exp_in=-60),
+        token(exp=None),
         "not.a.jwt",
     ],
-    ids=["missing", "bad_signature", "expired", "garbage"],
+    ids=["missing", "bad_signature", "expired", "without_exp", "garbage"],
 )
 async def test_a_bad_or_expired_token_is_refused_at_the_handshake(server: LocalServer, bearer: str | None) -> None:
     with pytest.raises(InvalidStatus) as refused:

@@ -98,6 +98,33 @@ async def _failing_persist(batch: Sequence[Event], outputs: Sequence[RoundOutput
     raise OSError("disk full")
 
 
+async def test_a_discarded_log_publishes_nothing_more_and_keeps_nothing_it_had_not_made_durable() -> None:
+    # docs/design.md#deletion: an append under way may still commit (the delete removes it), unseen.
+    release = asyncio.Event()
+    persisted: list[int] = []
+
+    async def persist(batch: Sequence[Event], outputs: Sequence[RoundOutput]) -> None:
+        if batch[0].seq > 1:
+            await release.wait()
+        persisted.extend(e.seq for e in batch)
+
+    log = EventLog("c", flush_interval_ms=LONG_MS, persist=persist)
+    published = Published()
+    log.subscribe(published)
+    log.emit(STARTED)
+    await log.flush()
+    log.emit(delta("a"))                          # persisting, held by the store
+    log.emit(delta("b"))                          # held open by the window
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert await log.discard() == 1               # the last seq any listener got
+    release.set()
+    log.emit(COMPLETED)                           # what a cancelled turn may still emit: ignored
+    log.attach(RoundOutput(turn_id="t1", round=1, raw="x"))
+    await log.flush()
+    assert [e.seq for e in published.events] == [1] and persisted == [1]
+
+
 async def test_a_failed_persist_publishes_nothing_and_stops_the_log() -> None:
     log = EventLog("c", flush_interval_ms=0, persist=_failing_persist)
     published = Published()

@@ -10,15 +10,18 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from protocol.events import EVENT_KINDS, Event
+from protocol.events import EVENT_KINDS, STREAM_KINDS, ConversationDeleted, Event
 from protocol.frames import (
     CLIENT_FRAME_TYPES,
     ERROR_CODES,
     Ack,
     AnswerFrame,
     CancelFrame,
+    DeleteFrame,
     ErrorCode,
     ErrorFrame,
+    ExportCompleted,
+    ExportFrame,
     FrameError,
     Open,
     Ping,
@@ -55,6 +58,8 @@ VALID = [
     (frame(type="set_mode", id="7", conversation_id="c", mode="ask"), SetModeFrame(id="7", conversation_id="c", mode="ask")),
     (frame(type="cancel", id="8", conversation_id="c"), CancelFrame(id="8", conversation_id="c")),
     (frame(type="ping", id="9"), Ping(id="9")),
+    (frame(type="delete", id="10", conversation_id="c"), DeleteFrame(id="10", conversation_id="c")),
+    (frame(type="export", id="11", conversation_id="c"), ExportFrame(id="11", conversation_id="c")),
 ]
 
 
@@ -148,7 +153,7 @@ def test_every_error_code_is_documented() -> None:
     assert set(ERROR_CODES) == set(ErrorCode)
     assert {c.value for c in ErrorCode} == {
         "bad_request", "unauthorized", "forbidden", "not_found", "rate_limited", "too_large",
-        "slow_consumer", "overloaded", "internal",
+        "slow_consumer", "overloaded", "internal", "quota_exceeded",
     }
 
 
@@ -211,6 +216,19 @@ def test_pong() -> None:
     assert json.loads(encode_frame(Pong(id="9"))) == {"type": "pong", "id": "9"}
 
 
+def test_export_completed_is_a_frame_type_of_its_own() -> None:
+    done = ExportCompleted(id="x1", conversation_id="c", events=0, last_seq=0)
+    assert encode_frame(done) == b'{"type":"export.completed","id":"x1","conversation_id":"c","events":0,"last_seq":0}'
+    assert decode_server_frame(encode_frame(done)) == done
+
+
+def test_conversation_deleted_is_an_event_frame_decoded_to_its_struct() -> None:
+    frame = encode_event(Event.of("c", 33, ConversationDeleted(last_seq=32), 1.5))
+    assert frame == b'{"type":"event","conversation_id":"c","seq":33,"event":"conversation.deleted",' \
+                    b'"data":{"last_seq":32},"ts":1.5}'
+    assert decode_server_frame(frame) == Event.of("c", 33, ConversationDeleted(last_seq=32), 1.5)
+
+
 @given(
     st.text(min_size=1, max_size=20),
     st.integers(min_value=1, max_value=2**40),
@@ -219,7 +237,7 @@ def test_pong() -> None:
     st.floats(min_value=0, max_value=2e9),
 )
 def test_encode_event_is_the_event_frame(cid: str, seq: int, name: str, data: dict[str, Any], ts: float) -> None:
-    assume(name not in EVENT_KINDS)  # known kinds: tests/test_event_bytes.py, against recorded bytes
+    assume(name not in EVENT_KINDS | STREAM_KINDS)  # known kinds: tests/test_event_bytes.py, against recorded bytes
     event = Event(conversation_id=cid, seq=seq, event=name, data=data, ts=ts)
     spliced = encode_event(event)
     assert spliced.startswith(b'{"type":"event","conversation_id":')

@@ -30,7 +30,7 @@ SECRET = "test-secret-for-hs256-at-least-32-bytes!"
 
 
 def token(sub: str = "alice", tenant: str = "acme", exp_in: float | None = 3600, **claims: object) -> str:
-    payload: dict[str, object] = {"sub": sub, "tenant": tenant, **claims}
+    payload: dict[str, object] = {"sub": sub, "tenant": tenant, "iat": int(time.time()), **claims}
     if exp_in is not None:
         payload["exp"] = int(time.time() + exp_in)
     return jwt.encode(payload, SECRET, algorithm="HS256")

@@ -19,6 +19,7 @@ from actors.store import (
     SeqConflict,
     Store,
     StoreClosed,
+    Tombstoned,
     store_from_url,
 )
 from actors.store.postgres import PostgresStore
@@ -458,6 +459,125 @@ async def test_a_database_created_before_round_outputs_gains_them_when_opened(ma
         assert await s.round_outputs("c") == [output()]
     finally:
         await s.close()
+
+
+# -- deletion (docs/design.md#deletion) ----------------------------------------------------------
+
+KEPT_PER_CONVERSATION = ("conversations", "streams", "events", "snapshots", "idempotency_keys", "tool_results",
+                         "round_outputs", "tombstones")
+OWNER = Owner(tenant="acme", sub="alice")
+
+
+def table_rows(store: Store, cid: str) -> dict[str, int]:
+    """Rows per table for the conversation, read from the database itself (the pool's snapshot too)."""
+    queries = {t: (f"SELECT count(*) FROM {{}}{t} WHERE conversation_id = {{p}}", cid) for t in KEPT_PER_CONVERSATION}
+    queries["toolpool snapshot"] = ("SELECT count(*) FROM {}snapshots WHERE conversation_id = {p}", f"toolpool/{cid}")
+    if isinstance(store, SqliteStore):
+        with sqlite3.connect(store.path) as db:
+            return {name: db.execute(q.format("", p="?"), (arg,)).fetchone()[0] for name, (q, arg) in queries.items()}
+    assert isinstance(store, PostgresStore) and store.schema is not None
+    with psycopg.connect(store.dsn, autocommit=True) as db:
+        prefix = f'"{store.schema}".'
+        return {name: db.execute(q.format(prefix, p="%s"), (arg,)).fetchone()[0]  # type: ignore[index]
+                for name, (q, arg) in queries.items()}
+
+
+async def fill(s: Store, cid: str) -> None:
+    """One row in every table that keeps something of a conversation."""
+    await s.create_conversation(cid, OWNER, "demo", 1.0)
+    await s.append_events(cid, evs(cid, 1, 3), [output()])
+    await s.save_snapshot(cid, 3, b"snap")
+    await s.save_snapshot(f"toolpool/{cid}", 1, b"{}")
+    await s.remember_key(cid, "m1", 100.0)
+    await s.record_tool_result(cid, "t1.1.0", b"result")
+
+
+async def test_delete_removes_every_row_of_the_conversation_and_leaves_a_tombstone(
+    make_durable_store: StoreFactory,
+) -> None:
+    s = make_durable_store()
+    await s.open()
+    try:
+        await fill(s, "c")
+        await fill(s, "other")
+        before = table_rows(s, "c")
+        assert before == {**dict.fromkeys(before, 1), "events": 3, "tombstones": 0}
+        assert await s.delete_conversation("c", "key-1", 50.0) is True
+        assert table_rows(s, "c") == {**dict.fromkeys(table_rows(s, "c"), 0), "tombstones": 1}
+        assert table_rows(s, "other")["events"] == 3 and table_rows(s, "other")["tombstones"] == 0
+        assert await s.tombstone("c") == "key-1" and await s.tombstone("other") is None
+        assert await s.conversation_owner("c") is None and await s.last_seq("c") == 0
+    finally:
+        await s.close()
+
+
+async def test_every_write_after_a_delete_is_refused_and_writes_nothing(store: Store) -> None:
+    await fill(store, "c")
+    await store.delete_conversation("c", "key-1", 50.0)
+    writes = [
+        store.append_events("c", evs("c", 1, 1), [output()]),
+        store.save_snapshot("c", 9, b"late"),
+        store.save_snapshot("toolpool/c", 9, b"late"),
+        store.remember_key("c", "m2", 200.0),
+        store.record_tool_result("c", "t2.1.0", b"late"),
+    ]
+    for write in writes:
+        with pytest.raises(Tombstoned):
+            await write
+    with pytest.raises(ConversationExists):  # a deleted id is never given out again
+        await store.create_conversation("c", OWNER, "demo", 2.0)
+    assert await store.read_events("c", 0) == [] and await store.load_snapshot("c") is None
+    assert await store.load_snapshot("toolpool/c") is None and await store.round_outputs("c") == []
+    assert await store.tool_result("c", "t2.1.0") is None
+
+
+async def test_deleting_again_does_nothing_and_keeps_the_first_request_key(store: Store) -> None:
+    await fill(store, "c")
+    assert await store.delete_conversation("c", "key-1", 50.0) is True
+    assert await store.delete_conversation("c", "key-2", 60.0) is False
+    assert await store.tombstone("c") == "key-1"
+
+
+async def test_writes_submitted_before_a_delete_commit_first_and_are_deleted_with_it(store: Store) -> None:
+    await store.create_conversation("c", OWNER, "demo", 1.0)
+    # Submitted in this order in one tick, as a conversation's last writes and its delete are.
+    results = await asyncio.gather(
+        store.append_events("c", evs("c", 1, 2), [output()]),
+        store.save_snapshot("c", 2, b"snap"),
+        store.remember_key("c", "m1", 100.0),
+        store.delete_conversation("c", "key-1", 50.0),
+        store.append_events("c", evs("c", 3, 3)),
+        return_exceptions=True,
+    )
+    assert results[:4] == [None, None, True, True] and isinstance(results[4], Tombstoned)
+    assert await store.read_events("c", 0) == [] and await store.load_snapshot("c") is None
+    assert await store.round_outputs("c") == [] and await store.last_seq("c") == 0
+
+
+async def test_a_delete_racing_another_processs_writes_leaves_nothing(make_durable_store: StoreFactory) -> None:
+    writer, deleter = make_durable_store(), make_durable_store()   # two processes sharing one database
+    await writer.open()
+    await deleter.open()
+    try:
+        for i in range(8):
+            cid = f"c{i}"
+            await writer.create_conversation(cid, OWNER, "demo", 1.0)
+            first = 1 + i % 2      # every other time the racing append is the log's first: no streams row yet
+            if first > 1:
+                await writer.append_events(cid, evs(cid, 1, 1))
+            results = await asyncio.gather(
+                writer.append_events(cid, evs(cid, first, 4), [output()]),
+                writer.save_snapshot(cid, 4, b"snap"),
+                deleter.delete_conversation(cid, "key", 50.0),
+                writer.record_tool_result(cid, "t1.1.0", b"result"),
+                return_exceptions=True,
+            )
+            assert results[2] is True
+            assert all(r in (None, True) or isinstance(r, Tombstoned) for r in results), results
+            assert {name: n for name, n in table_rows(deleter, cid).items() if n} == {"tombstones": 1}
+    finally:
+        await writer.close()
+        await deleter.close()
 
 
 # -- lifecycle ----------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from actors.quotas import TenantUsage
 from protocol.events import Event
 from protocol.frames import Mode
 
@@ -75,6 +76,16 @@ Command = UserMessage | Steer | Answer | SetMode | Cancel
 AckStatus = Literal["accepted", "duplicate"]
 
 
+@dataclass(frozen=True, slots=True)
+class Export:
+    """An export (docs/wire-protocol.md#export): its ack's status, the head it covers, and the log
+    up to that head, page by page, exactly as subscribers got it."""
+
+    status: AckStatus
+    last_seq: int
+    pages: AsyncIterator[list[Event]]
+
+
 class Backend(Protocol):
     async def start(self) -> None: ...
 
@@ -94,5 +105,23 @@ class Backend(Protocol):
 
     def subscribe(self, owner: Owner, conversation_id: str, after_seq: int) -> AsyncIterator[list[Event]]:
         """Every durable event with seq > after_seq in order, then live ones, in batches.
-        Raises Forbidden on first iteration if the caller does not own the conversation."""
+        Raises Forbidden on first iteration if the caller does not own the conversation.
+        A deletion ends it with `conversation.deleted` (docs/design.md#deletion)."""
+        ...
+
+    async def delete(self, owner: Owner, conversation_id: str, request_id: str) -> AckStatus:
+        """Stop the conversation and delete everything kept of it (docs/design.md#deletion); its
+        subscriptions end with `conversation.deleted`. Idempotent by (conversation_id, request_id): the
+        delete that removed it, repeated by its owner, returns "duplicate". Raises Forbidden, also for
+        a conversation another delete removed: a deleted conversation is nobody's."""
+        ...
+
+    async def export(self, owner: Owner, conversation_id: str, request_id: str) -> Export:
+        """The conversation's log up to its head now. `request_id` is remembered like a command's id:
+        a repeat is "duplicate", and is exported again. Raises Forbidden."""
+        ...
+
+    async def quota_usage(self) -> list[TenantUsage]:
+        """Every tenant's quota counters in their current window, from the store (/metrics,
+        docs/design.md#quotas). `open`, `command` and the hosts raise `actors.quotas.QuotaExceeded`."""
         ...

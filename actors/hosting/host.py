@@ -7,7 +7,12 @@ guarantees, per conversation:
 - write-ahead: the event log persists through the store before anything is published;
 - idempotency: `user_message`, `steer` and `answer` are keyed by (conversation_id, id), durably;
 - checkpoints: a snapshot whose seq is durable, saved at round and turn boundaries, so a
-  re-activation on any host resumes from the store.
+  re-activation on any host resumes from the store;
+- deletion: the conversation is stopped, writing and publishing nothing more, before the store
+  deletes it; its listeners then get `conversation.deleted` (docs/design.md#deletion);
+- quotas (docs/design.md#quotas): a message that starts a turn is admitted here, whichever gateway
+  sent it (turns per minute, tokens per day, and a concurrent-turn slot held while the conversation
+  is busy), and every model call's tokens are charged here.
 """
 
 from __future__ import annotations
@@ -17,35 +22,53 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 
 from actors.conversation import Conversation, ConversationState, Runtime
 from actors.eventlog import EventLog
-from actors.hosting.backend import Answer, Cancel, Command, SetMode, Steer, UnknownAsk, UserMessage
+from actors.hosting.backend import (
+    Answer,
+    Cancel,
+    Command,
+    Forbidden,
+    Owner,
+    SetMode,
+    Steer,
+    UnknownAsk,
+    UserMessage,
+)
+from actors.hosting.meter import Meter
 from actors.profile import AgentProfile
+from actors.quotas import QuotaExceeded, QuotaLimits
 from actors.recovery import recover
-from actors.store import IDEMPOTENCY_TTL_S, Store
-from protocol.events import Event
+from actors.store import IDEMPOTENCY_TTL_S, Store, Tombstoned
+from protocol.events import ConversationDeleted, Event
 
 log = logging.getLogger("reactgate.host")
 
 Listener = Callable[[Sequence[Event]], None]
 KEY_PRUNE_INTERVAL_S = 3600.0
+MAX_DELETED_REMEMBERED = 10_000
 
 
-class UnknownConversation(Exception):
-    """The store has no such conversation (the backend checks ownership before this)."""
+class UnknownConversation(Forbidden):
+    """The store has no such conversation: the backend checked ownership before, so it was deleted
+    since (or concurrently). To the caller it is `forbidden`, like any conversation not theirs."""
 
 
 @dataclass(slots=True)
 class _Active:
     conversation: Conversation
     last_activity: float
+    owner: Owner
     saving: asyncio.Task[None] | None = None
     pending_snapshot: tuple[int, bytes] | None = None
+    turn_slot: bool = False                        # holds a concurrent-turn slot (busy since it took it)
+    releasing: asyncio.Task[Any] | None = None     # the slot's release, committed before it is taken again
+    admission: asyncio.Lock = field(default_factory=asyncio.Lock)  # one turn-starting command at a time
 
 
 class HostCore:
@@ -59,8 +82,10 @@ class HostCore:
         clock: Callable[[], float] = time.time,
         claim: Callable[[str], Awaitable[None]] | None = None,
         release: Callable[[str], Awaitable[None]] | None = None,
+        quotas: QuotaLimits | None = None,
     ) -> None:
         self.store = store
+        self.meter = Meter(store, quotas or QuotaLimits(), clock)
         self._claim = claim        # single activation across hosts: the Directory must grant it
         self._release = release
         self.runtime = runtime
@@ -71,6 +96,9 @@ class HostCore:
         self._activating: dict[str, asyncio.Future[_Active]] = {}
         self._listeners: dict[str, list[Listener]] = {}
         self._reaper: asyncio.Task[None] | None = None
+        self._metering: set[asyncio.Task[Any]] = set()   # token charges and slot releases under way
+        self._deleting: set[str] = set()          # being deleted here: nothing activates them
+        self._deleted: dict[str, Event] = {}      # deleted here: their last event, for a late listener
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
@@ -85,6 +113,8 @@ class HostCore:
                 await self._reaper
         for cid in list(self._active):
             await self.passivate(cid, force=True)
+        if self._metering:  # charges already made must reach the store before it closes
+            await asyncio.gather(*self._metering, return_exceptions=True)
 
     @property
     def active_ids(self) -> list[str]:
@@ -97,8 +127,24 @@ class HostCore:
         active.last_activity = self.clock()
         conv = active.conversation
         idempotent = isinstance(command, UserMessage | Steer | Answer)
-        if idempotent and not await self.store.remember_key(conversation_id, command.id, self.clock()):
-            return "duplicate"
+        try:
+            if idempotent and not await self.store.remember_key(conversation_id, command.id, self.clock()):
+                return "duplicate"
+        except Tombstoned:
+            raise UnknownConversation(conversation_id) from None  # deleted meanwhile
+        async with active.admission:
+            if isinstance(command, UserMessage) or (isinstance(command, Steer) and not conv.turn_running):
+                try:
+                    await self._admit_turn(active)
+                except QuotaExceeded:
+                    await self.store.forget_key(conversation_id, command.id)  # refused: sending it again is no repeat
+                    raise
+            self._apply(conv, command)
+        await self._save_now(active)  # the accepted command survives a crash of this host
+        return "accepted"
+
+    @staticmethod
+    def _apply(conv: Conversation, command: Command) -> None:
         if isinstance(command, UserMessage):
             conv.user_message(command.id, command.text)
         elif isinstance(command, Steer):
@@ -109,11 +155,52 @@ class HostCore:
             conv.set_mode(command.mode)
         elif isinstance(command, Cancel):
             conv.cancel()
-        await self._save_now(active)  # the accepted command survives a crash of this host
-        return "accepted"
+
+    async def _admit_turn(self, active: _Active) -> None:
+        """A message that starts a turn, now or after the running one (docs/design.md#quotas). If the
+        conversation holds no concurrent-turn slot (it is idle, or its last turn is ending) it takes
+        one, held until its last queued turn ends. Raises QuotaExceeded, having charged nothing."""
+        charges = await self.meter.admit_turn(active.owner)
+        conv = active.conversation
+        if active.turn_slot:
+            return  # a follow-up: the running turn's slot covers it
+        if active.releasing is not None:
+            with contextlib.suppress(Exception):
+                await active.releasing  # the last busy spell's release commits before this take
+        try:
+            await self.meter.take_slot(active.owner, conv.conversation_id)
+        except QuotaExceeded:
+            await self.meter.refund(charges)
+            raise
+        active.turn_slot = True
+
+    def _turns_done(self, active: _Active) -> None:
+        """The conversation's last queued turn ended: its slot goes back (a message arriving after
+        this takes a slot again, busy conversation or not)."""
+        if active.turn_slot:
+            active.turn_slot = False
+            active.releasing = self._meter_soon(self.meter.release_slot(active.owner, active.conversation.conversation_id))
+
+    def _meter_soon(self, work: Awaitable[Any]) -> asyncio.Task[Any]:
+        async def run() -> Any:
+            try:
+                return await work
+            except Exception:  # a lost charge or release is logged, never a failed turn
+                log.exception("quota bookkeeping failed")
+                return None
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._metering.add(task)
+        task.add_done_callback(self._metering.discard)
+        return task
 
     def listen(self, conversation_id: str, listener: Listener) -> Callable[[], None]:
-        """Durable event batches of a conversation, as they are published. Returns an unsubscribe."""
+        """Durable event batches of a conversation, as they are published. Returns an unsubscribe.
+        A conversation deleted here gets its `conversation.deleted` at once."""
+        final = self._deleted.get(conversation_id)
+        if final is not None:
+            listener([final])
+            return lambda: None
         listeners = self._listeners.setdefault(conversation_id, [])
         listeners.append(listener)
 
@@ -158,6 +245,8 @@ class HostCore:
     # -- activation ---------------------------------------------------------------------------------
 
     async def _ensure_active(self, conversation_id: str) -> _Active:
+        if conversation_id in self._deleting or conversation_id in self._deleted:
+            raise UnknownConversation(conversation_id)
         active = self._active.get(conversation_id)
         if active is not None:
             return active
@@ -183,8 +272,10 @@ class HostCore:
             await self._claim(conversation_id)  # raises when another host holds the activation
         found = await self.store.conversation_owner(conversation_id)
         if found is None:
+            if self._release is not None:
+                await self._release(conversation_id)  # nothing to hold: its placement goes too
             raise UnknownConversation(conversation_id)
-        _, agent = found
+        owner, agent = found
         profile = self.profiles.get(agent)
         if profile is None:
             raise UnknownConversation(f"{conversation_id}: agent {agent!r} is not served here")
@@ -207,15 +298,29 @@ class HostCore:
         if state.tools:  # the executor's part of the snapshot (counters, workspace)
             self.runtime.tools.import_conversation(conversation_id, state.tools)
         conv = Conversation(state, profile, self.runtime, events)
-        active = _Active(conv, self.clock())
+        active = _Active(conv, self.clock(), owner)
         events.subscribe(lambda batch: self._publish(conversation_id, batch))
         conv.on_checkpoint = lambda: self._checkpoint(active)
+        conv.on_idle = lambda: self._turns_done(active)
+        conv.on_usage = lambda tokens: self._charge_tokens(owner, tokens)
         after = snapshot[0] if snapshot is not None else 0
         # A crash may have cut a turn after its last checkpoint (docs/design.md#recovery): apply the
         # log's tail, then resume whatever was running or queued.
         tail = await self.store.read_events(conversation_id, after, limit=last_seq - after) if last_seq > after else []
         recover(conv, tail)
+        # A conversation busy again holds the slot it took before (its lease row); an idle one gives
+        # back a slot a crash left taken (between its take and the checkpoint of its command).
+        active.turn_slot = conv.busy
+        if not conv.busy:
+            active.releasing = self._meter_soon(self._release_stale_slot(owner, conversation_id))
         return active
+
+    async def _release_stale_slot(self, owner: Owner, conversation_id: str) -> None:
+        if await self.meter.holds_slot(conversation_id):
+            await self.meter.release_slot(owner, conversation_id)
+
+    def _charge_tokens(self, owner: Owner, tokens: int) -> None:
+        self._meter_soon(self.meter.charge_tokens(owner, tokens))
 
     def _publish(self, conversation_id: str, batch: Sequence[Event]) -> None:
         for listener in list(self._listeners.get(conversation_id, ())):
@@ -243,10 +348,64 @@ class HostCore:
             active.pending_snapshot = None
             with contextlib.suppress(RuntimeError):
                 await conv.events.flush()  # the snapshot never runs ahead of the durable log
-            await self.store.save_snapshot(conv.conversation_id, seq, data)
+            try:
+                await self.store.save_snapshot(conv.conversation_id, seq, data)
+            except Tombstoned:
+                return  # a save that lost the race with a delete: nothing of it is kept, as intended
 
     async def _save_now(self, active: _Active) -> None:
         await self._checkpoint(active)
+
+    # -- deletion (docs/design.md#deletion) --------------------------------------------------------
+
+    async def delete(self, conversation_id: str, request_key: str) -> str:
+        """Stop the conversation for good, then delete it from the store. "accepted"; "duplicate" when
+        this very request (`request_key`) deleted it before; UnknownConversation when another did.
+
+        The delete wins every race: the conversation is stopped first — its log discarded (nothing
+        more is stored or published), its turn cancelled, no checkpoint taken — and only then is the
+        delete submitted to the store, behind any write already submitted (the store commits in
+        submission order, so it removes those); a write submitted later meets the tombstone. Nothing
+        re-activates it here meanwhile. Then its listeners get `conversation.deleted`, with the
+        next seq after the last one the log published, and are dropped."""
+        if self._claim is not None and conversation_id not in self._active:
+            await self._claim(conversation_id)  # WrongHost: the host holding it deletes it, and tells its watchers
+        self._deleting.add(conversation_id)
+        try:
+            activating = self._activating.get(conversation_id)
+            if activating is not None:
+                await asyncio.wait({activating})
+            active = self._active.pop(conversation_id, None)
+            owner: Owner | None
+            if active is not None:
+                owner = active.owner
+                active.pending_snapshot = None  # a save under way finishes before the delete, or is refused
+                last_seq = await active.conversation.discard()
+            else:
+                found = await self.store.conversation_owner(conversation_id)
+                owner = found[0] if found is not None else None
+                last_seq = await self.store.last_seq(conversation_id)
+            deleted = await self.store.delete_conversation(conversation_id, request_key, self.clock())
+        finally:
+            self._deleting.discard(conversation_id)
+            self.runtime.tools.forget(conversation_id)
+            if self._release is not None:
+                await self._release(conversation_id)
+        if not deleted:
+            if await self.store.tombstone(conversation_id) == request_key:
+                return "duplicate"
+            raise UnknownConversation(conversation_id)
+        if owner is not None:
+            # Its open-conversation charge and any turn slot it held go back (docs/design.md#quotas),
+            # before the ack: its owner may open another at once. A failure is logged, not raised.
+            await self._meter_soon(self.meter.conversation_gone(owner, conversation_id))
+        final = Event.of(conversation_id, last_seq + 1, ConversationDeleted(last_seq=last_seq), self.clock())
+        if len(self._deleted) >= MAX_DELETED_REMEMBERED:
+            self._deleted.clear()  # the store says it too: no owner, so `forbidden`, just not as fast
+        self._deleted[conversation_id] = final
+        self._publish(conversation_id, [final])
+        self._listeners.pop(conversation_id, None)
+        return "accepted"
 
     # -- passivation --------------------------------------------------------------------------------
 
@@ -279,6 +438,10 @@ class HostCore:
                     await self.store.prune_keys(now - IDEMPOTENCY_TTL_S)
                 except Exception:
                     log.exception("pruning idempotency keys failed")
+                try:
+                    await self.meter.prune()  # quota windows long over
+                except Exception:
+                    log.exception("pruning quota counters failed")
             for cid, active in list(self._active.items()):
                 if now - active.last_activity >= self.idle_ttl_s and not active.conversation.busy:
                     try:

@@ -13,12 +13,14 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 
 from actors.conversation import Runtime
-from actors.hosting.backend import AckStatus, Command, Opened, Owner, SetMode
+from actors.hosting.backend import AckStatus, Command, Export, Opened, Owner, SetMode
+from actors.hosting.export import export_log
 from actors.hosting.host import HostCore
-from actors.hosting.owners import Owners
+from actors.hosting.owners import Owners, deletion_key
 from actors.hosting.subscription import replay_then_live
 from actors.llm.stream import warm_up
 from actors.profile import AgentProfile
+from actors.quotas import TenantUsage
 from actors.store import Store
 from protocol.events import Event
 from protocol.frames import Mode
@@ -39,8 +41,8 @@ class LocalBackend:
         self.profiles = profiles
         self.default_agent = default_agent
         self.clock = clock
-        self.host = HostCore(store, runtime, profiles, idle_ttl_s=idle_ttl_s, clock=clock)
-        self.owners = Owners(store)
+        self.host = HostCore(store, runtime, profiles, idle_ttl_s=idle_ttl_s, clock=clock, quotas=runtime.quotas)
+        self.owners = Owners(store, self.host.meter)
 
     async def start(self) -> None:
         await self.store.open()
@@ -76,3 +78,19 @@ class LocalBackend:
             self.store, conversation_id, after_seq, lambda listener: self.host.listen(conversation_id, listener)
         ):
             yield batch
+
+    async def delete(self, owner: Owner, conversation_id: str, request_id: str) -> AckStatus:
+        key = deletion_key(owner, request_id)
+        if not await self.owners.check_delete(owner, conversation_id, key):
+            return "duplicate"
+        try:
+            return await self.host.delete(conversation_id, key)  # type: ignore[return-value]
+        finally:
+            self.owners.forget(conversation_id)
+
+    async def export(self, owner: Owner, conversation_id: str, request_id: str) -> Export:
+        await self.owners.check(owner, conversation_id)
+        return await export_log(self.store, conversation_id, request_id, self.clock())
+
+    async def quota_usage(self) -> list[TenantUsage]:
+        return await self.host.meter.tenant_usage()

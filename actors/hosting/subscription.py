@@ -6,6 +6,10 @@ published, so a gap between what was sent and a live batch is always filled from
 anything at or below the last sent seq is dropped. A listener that falls behind loses nothing: its
 queue is dropped and the stream refills from the store.
 
+A deletion ends the stream (docs/design.md#deletion): the host publishes `conversation.deleted` as
+the conversation's last batch; the subscription sends it as its next seq and stops. The store has
+nothing left to fill a gap with, so that event is never dropped, not even by an overflow.
+
 Consumer-side code: both backends' `subscribe` run it in the gateway process, each with its own way
 to attach a listener (the local host core directly; the Ray backend through its per-host link).
 """
@@ -15,9 +19,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import TypeGuard
+
+import msgspec
 
 from actors.store import Store
-from protocol.events import Event
+from protocol.events import ConversationDeleted, Event
 
 Listener = Callable[[Sequence[Event]], None]
 Detach = Callable[[], None]
@@ -35,7 +42,8 @@ async def replay_then_live(
 
     def on_batch(batch: Sequence[Event]) -> None:
         nonlocal overflowed
-        if queue.qsize() >= MAX_QUEUED_BATCHES:  # the store has it all: refill from there
+        # Overflow: the store has it all, so refill from there; but never drop the end of a deleted log.
+        if queue.qsize() >= MAX_QUEUED_BATCHES and not ends(batch):
             overflowed = True
             while not queue.empty():
                 queue.get_nowait()
@@ -56,6 +64,9 @@ async def replay_then_live(
                 break
         while True:
             batch = await queue.get()
+            if ends(batch):
+                yield deleted(batch, last)
+                return
             if not batch or overflowed:  # None: overflow; []: a hint to look in the store (host failover)
                 overflowed = False
                 async for page in _read_from(store, conversation_id, last):
@@ -76,6 +87,23 @@ async def replay_then_live(
             yield fresh
     finally:
         detach()
+
+
+def ends(batch: Sequence[Event] | None) -> TypeGuard[Sequence[Event]]:
+    """The conversation's last batch: it was deleted."""
+    return batch is not None and len(batch) > 0 and isinstance(batch[-1].data, ConversationDeleted)
+
+
+def deleted(batch: Sequence[Event], last: int) -> list[Event]:
+    """The end of a subscription that sent up to `last`: the events of the batch that follow on from
+    it (the log they would be read from is gone, so a gap ends what can be sent), then
+    `conversation.deleted` as the next seq."""
+    out: list[Event] = []
+    for event in batch[:-1]:
+        if event.seq == last + 1:
+            out.append(event)
+            last = event.seq
+    return [*out, msgspec.structs.replace(batch[-1], seq=last + 1)]
 
 
 async def _read_from(

@@ -30,6 +30,7 @@ from actors.llm.scripts import (
     CallCounter,
     ErrorKind,
     Round,
+    RoundUsage,
     Script,
     ScriptError,
     ScriptExhausted,
@@ -111,12 +112,20 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
         status, _ = ERROR_TABLE[round_.error]
         return _error_response(status, round_.error.value, f"scripted {round_.error.value}")
 
+    messages = body.get("messages") or []
     if body.get("stream"):
-        return await _stream(request, model, round_)
-    return await _complete(model, round_)
+        options = body.get("stream_options")
+        include_usage = isinstance(options, dict) and options.get("include_usage") is True
+        return await _stream(request, model, round_, round_.reported_usage(messages) if include_usage else None)
+    return await _complete(model, round_, round_.reported_usage(messages))
 
 
-async def _stream(request: web.Request, model: str, round_: Round) -> web.StreamResponse:
+def _usage(usage: RoundUsage) -> dict[str, int]:
+    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.prompt_tokens + usage.completion_tokens}
+
+
+async def _stream(request: web.Request, model: str, round_: Round, usage: RoundUsage | None) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
     base = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk",
@@ -143,6 +152,8 @@ async def _stream(request: web.Request, model: str, round_: Round) -> web.Stream
         else:
             finish = {"index": 0, "delta": {}, "finish_reason": round_.finish_reason}
             await response.write(_sse({**base, "choices": [finish]}))
+            if usage is not None:  # `stream_options.include_usage`: one more chunk, no choices, as OpenAI sends it
+                await response.write(_sse({**base, "choices": [], "usage": _usage(usage)}))
             await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
     except (ConnectionResetError, asyncio.CancelledError):
@@ -152,7 +163,7 @@ async def _stream(request: web.Request, model: str, round_: Round) -> web.Stream
     return response
 
 
-async def _complete(model: str, round_: Round) -> web.Response:
+async def _complete(model: str, round_: Round, usage: RoundUsage) -> web.Response:
     if round_.delay_ms:
         await asyncio.sleep(round_.delay_s * max(1, len(round_.chunks)))
     if round_.error is not None:
@@ -163,7 +174,7 @@ async def _complete(model: str, round_: Round) -> web.Response:
         "model": model,
         "choices": [{"index": 0, "finish_reason": round_.finish_reason,
                      "message": {"role": "assistant", "content": "".join(round_.chunks)}}],
-        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+        "usage": _usage(usage),
     })
 
 

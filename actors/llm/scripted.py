@@ -29,6 +29,7 @@ from actors.llm.scripts import (
     CallCounter,
     ErrorKind,
     Round,
+    RoundUsage,
     ScriptExhausted,
     UnknownScript,
     get_script,
@@ -43,12 +44,17 @@ def provider_exception(kind: ErrorKind, model: str, message: str) -> Exception:
     return cls(message=message, model=model, llm_provider=PROVIDER)  # type: ignore[no-any-return]
 
 
-def _chunk(text: str, finish_reason: str | None = None) -> GenericStreamingChunk:
+def _chunk(text: str, finish_reason: str | None = None, usage: RoundUsage | None = None) -> GenericStreamingChunk:
     return {
         "text": text,
         "is_finished": finish_reason is not None,
         "finish_reason": finish_reason or "",
-        "usage": None,
+        # On the finish chunk, as providers report it; LiteLLM hands it out only when asked
+        # (`stream_options.include_usage`) and drops it otherwise.
+        "usage": None if usage is None else {
+            "prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        },
         "index": 0,
         "tool_use": None,
     }
@@ -123,7 +129,7 @@ class ScriptedLLM(CustomLLM):
                 if delay and not round_.chunks:
                     await asyncio.sleep(delay)
                 raise provider_exception(round_.error, model, f"scripted {round_.error.value}")
-            yield _chunk("", round_.finish_reason)
+            yield _chunk("", round_.finish_reason, round_.reported_usage(messages))
         finally:
             self.open_streams -= 1
 

@@ -85,6 +85,18 @@ class UnknownScript(LookupError):
     pass
 
 
+class RoundUsage(BaseModel):
+    """The usage a round reports (docs/design.md#quotas): given, or else counted from characters."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prompt_tokens: NonNegativeInt
+    completion_tokens: NonNegativeInt
+
+
+USAGE_CHARS_PER_TOKEN = 4
+
+
 class Round(BaseModel):
     """One model call's answer: deltas as given, or text cut into `chunk_chars` pieces, or an error.
 
@@ -104,6 +116,8 @@ class Round(BaseModel):
     # A provider that hangs mid-answer: after this many chunks the stream goes silent and never
     # ends by itself — only the caller's stream idle timeout, a cancel or the process's death ends it.
     hang_after: NonNegativeInt | None = None
+    # What the players report as the call's usage; absent, they count characters (4 per token).
+    usage: RoundUsage | None = None
 
     _chunks: tuple[str, ...] = PrivateAttr(default=())
 
@@ -134,6 +148,15 @@ class Round(BaseModel):
     @property
     def delay_s(self) -> float:
         return self.delay_ms / 1000.0
+
+    def reported_usage(self, messages: Sequence[Mapping[str, Any]]) -> RoundUsage:
+        """The usage both players report for this round, answering `messages`."""
+        if self.usage is not None:
+            return self.usage
+        prompt = sum(len(str(m.get("content") or "")) for m in messages)
+        completion = sum(len(c) for c in self.chunks)
+        return RoundUsage(prompt_tokens=-(-prompt // USAGE_CHARS_PER_TOKEN),
+                          completion_tokens=-(-completion // USAGE_CHARS_PER_TOKEN))
 
     def hangs_before(self, i: int) -> bool:
         """Whether the stream goes silent, for good, before chunk `i` (or, i = len(chunks), its end)."""

@@ -14,6 +14,7 @@ retries, continuations and fallbacks, and across processes.
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 import sys
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
@@ -38,9 +39,22 @@ class ModelFallback:
 
 
 @dataclass(frozen=True, slots=True)
+class Usage:
+    """The tokens one call used, as the provider (through LiteLLM) reported them."""
+
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, slots=True)
 class ModelFinished:
     finish_reason: str | None
     model: str
+    usage: Usage | None = None    # asked for with `include_usage`, and only if the provider can say
 
 
 StreamItem = ModelDelta | ModelFallback | ModelFinished
@@ -79,6 +93,9 @@ class ProviderError(Exception):
 #   tests, a ruler of dashes); a runaway model is bounded by max_tokens and our iteration limits.
 # Not set, on purpose: `disable_token_counter` — it makes `litellm.token_counter` return 0, and
 # context assembly (docs/design.md#context) counts tokens with it. LiteLLM registers no callbacks by default.
+# Usage (`include_usage`, for a token quota: docs/design.md#quotas) undoes the first cut: LiteLLM
+# hands the usage chunk out only from that end-of-stream rebuild, after the finish chunk. So it is
+# asked for only when a caller needs exact counts, and only from providers that take `stream_options`.
 LEAN_SETTINGS: dict[str, object] = {
     "suppress_debug_info": True,
     "turn_off_message_logging": True,
@@ -161,6 +178,26 @@ def _message(exc: BaseException) -> str:
 # -- the call ------------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=256)
+def reports_usage(model: str) -> bool:
+    """Whether LiteLLM passes `stream_options` to this model's provider (then it reports usage)."""
+    litellm = litellm_module()
+    try:
+        _, provider, _, _ = litellm.get_llm_provider(model)
+        params = litellm.get_supported_openai_params(model=model, custom_llm_provider=provider) or ()
+    except Exception:
+        return False
+    return "stream_options" in params
+
+
+def _usage(chunk: Any) -> Usage | None:
+    reported = getattr(chunk, "usage", None)
+    if reported is None:
+        return None
+    return Usage(int(getattr(reported, "prompt_tokens", 0) or 0), int(getattr(reported, "completion_tokens", 0) or 0))
+
+
+
 class _Silent(Exception):
     """The provider sent nothing for `idle_timeout_s` after the first delta."""
 
@@ -177,6 +214,7 @@ async def stream_model(
     timeout_s: float | None = None,
     idle_timeout_s: float | None = None,
     settings: Mapping[str, Mapping[str, Any]] | None = None,
+    include_usage: bool = False,
 ) -> AsyncGenerator[StreamItem, None]:
     """Stream one model answer, falling back along `models` while nothing has been delivered.
 
@@ -184,7 +222,9 @@ async def stream_model(
     docs/design.md#model-settings); its key is read here, from the variable the settings name.
     `idle_timeout_s` bounds the wait for each chunk after the first delta: a provider that goes
     silent mid-answer cuts the stream (a `timeout` ProviderError after the first delta), which the
-    turn continues like any other cut (docs/design.md#continuation). Close it early (`aclose()`, or leave an `async with contextlib.aclosing(...)` block) to abort a
+    turn continues like any other cut (docs/design.md#continuation). `include_usage` asks providers
+    that can for the call's usage (`ModelFinished.usage`), read from the chunk after the finish
+    chunk (see LEAN_SETTINGS for its cost). Close it early (`aclose()`, or leave an `async with contextlib.aclosing(...)` block) to abort a
     generation: the LiteLLM stream and the provider's generator are closed with it.
     """
     if not models:
@@ -207,9 +247,13 @@ async def stream_model(
             kwargs["max_tokens"] = max_tokens
         if timeout_s is not None:
             kwargs["timeout"] = timeout_s
+        want_usage = include_usage and reports_usage(model)
+        if want_usage:
+            kwargs["stream_options"] = {"include_usage": True}
 
         delivered = False
         finish_reason: str | None = None
+        usage: Usage | None = None
         stream: Any = None
         key: str | None = None
         try:
@@ -224,7 +268,13 @@ async def stream_model(
                 except StopAsyncIteration:
                     break
                 except TimeoutError:
+                    if finish_reason is not None:
+                        break  # the answer is whole; only its usage never came
                     raise _Silent(f"no chunk for {idle_timeout_s:g} s in the middle of the response") from None
+                if want_usage:
+                    usage = _usage(chunk) or usage
+                    if usage is not None and finish_reason is not None:
+                        break  # the usage chunk, after the finish chunk: nothing more to read
                 choices = chunk.choices
                 if not choices:
                     continue
@@ -235,8 +285,12 @@ async def stream_model(
                     yield ModelDelta(text)
                 if choice.finish_reason is not None:
                     finish_reason = choice.finish_reason
-                    break  # see LEAN_SETTINGS: do not drain into LiteLLM's end-of-stream rebuild
+                    if not want_usage or usage is not None:
+                        break  # see LEAN_SETTINGS: do not drain into LiteLLM's end-of-stream rebuild
         except Exception as exc:
+            if finish_reason is not None:  # failed after the finish chunk, reading the usage: the answer is whole
+                yield ModelFinished(finish_reason, model, usage)
+                return
             kind = "timeout" if isinstance(exc, _Silent) else "auth" if isinstance(exc, MissingKey) else error_kind(exc)
             error = ProviderError(kind, model, scrub(_message(exc), key), after_first_delta=delivered)
             if delivered or position + 1 == len(models):
@@ -248,5 +302,5 @@ async def stream_model(
         finally:
             if stream is not None:
                 await stream.aclose()
-        yield ModelFinished(finish_reason, model)
+        yield ModelFinished(finish_reason, model, usage)
         return

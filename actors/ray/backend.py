@@ -26,10 +26,13 @@ from typing import Any, TypeVar
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from actors.hosting.backend import AckStatus, Command, Opened, Owner, SetMode
-from actors.hosting.owners import Owners
+from actors.hosting.backend import AckStatus, Command, Export, Opened, Owner, SetMode
+from actors.hosting.export import export_log
+from actors.hosting.meter import Meter
+from actors.hosting.owners import Owners, deletion_key
 from actors.hosting.placement import NoLiveHost
 from actors.hosting.subscription import replay_then_live
+from actors.quotas import TenantUsage
 from actors.ray.config import RayConfig
 from actors.ray.directory import Directory
 from actors.ray.host import WrongHost
@@ -98,7 +101,10 @@ class RayBackend:
         self.default_agent = default_agent
         self.gateway_id = f"gw-{uuid.uuid4().hex[:12]}"
         self.store: Store = store_from_url(config.store_url)
-        self.owners = Owners(self.store)
+        # Creating a conversation is charged here, in the gateway process, against the store every
+        # gateway and host shares (docs/design.md#quotas); turns and tokens are charged on the hosts.
+        self.meter = Meter(self.store, config.quotas)
+        self.owners = Owners(self.store, self.meter)
         self._started_ray = False
         self._directory: Any = None
         self._routes: dict[str, str] = {}                # conversation → host name (a cache)
@@ -180,7 +186,6 @@ class RayBackend:
 
         async def attach(listener: Listener) -> Callable[[], None]:
             self._listeners.setdefault(conversation_id, []).append(listener)
-            await self._watch(conversation_id)
 
             def detach() -> None:
                 listeners = self._listeners.get(conversation_id, [])
@@ -190,10 +195,31 @@ class RayBackend:
                     self._listeners.pop(conversation_id, None)
                     self._spawn(self._unwatch(conversation_id))
 
+            try:
+                await self._watch(conversation_id)
+            except BaseException:  # e.g. deleted meanwhile (Forbidden): nobody else would detach it
+                detach()
+                raise
             return detach
 
         async for batch in replay_then_live(self.store, conversation_id, after_seq, attach):
             yield batch
+
+    async def delete(self, owner: Owner, conversation_id: str, request_id: str) -> AckStatus:
+        key = deletion_key(owner, request_id)
+        if not await self.owners.check_delete(owner, conversation_id, key):
+            return "duplicate"
+        try:
+            # Routed like any call: the host holding the activation stops it, deletes it from the
+            # store, tells its watchers (through every gateway's poll) and releases its placement.
+            return await self._call(conversation_id, "delete", key)  # type: ignore[no-any-return]
+        finally:
+            self.owners.forget(conversation_id)
+            self._routes.pop(conversation_id, None)
+
+    async def export(self, owner: Owner, conversation_id: str, request_id: str) -> Export:
+        await self.owners.check(owner, conversation_id)
+        return await export_log(self.store, conversation_id, request_id, time.time())
 
     # -- routing -----------------------------------------------------------------------------------
 
@@ -372,3 +398,6 @@ class RayBackend:
 
     async def idle(self, conversation_id: str) -> None:
         await self._call(conversation_id, "idle")
+
+    async def quota_usage(self) -> list[TenantUsage]:
+        return await self.meter.tenant_usage()

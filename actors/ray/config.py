@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from actors.profile import AgentProfile
+from actors.quotas import QuotaLimits
 from actors.tools.registry import ToolRegistry
 
 
@@ -24,6 +25,7 @@ class RayConfig:
     profiles: Mapping[str, AgentProfile]
     scripts: Mapping[str, str] = field(default_factory=dict)  # name → file, played as scripted/<name>
     idle_ttl_s: float = 600.0
+    quotas: QuotaLimits = field(default_factory=QuotaLimits)  # what the hosts enforce (docs/design.md#quotas)
     tool_max_concurrency_per_conversation: int = 4
     tool_max_concurrency_global: int = 64
     # The cluster's shape.

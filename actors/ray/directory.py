@@ -258,6 +258,10 @@ class Directory:
     async def hosts(self) -> list[str]:
         return sorted(self.table.live)
 
+    async def holder(self, conversation_id: str) -> str | None:
+        """For operators and tests: the host the conversation is assigned to, if any."""
+        return self.table.assigned.get(conversation_id)
+
     async def load(self) -> dict[str, int]:
         return self.table.load()
 

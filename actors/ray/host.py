@@ -96,10 +96,11 @@ class ConversationHost:
                 await store.open()
                 await warm_up()
                 pool = ray.get_actor(TOOL_POOL_NAME, namespace=NAMESPACE)
-                runtime = Runtime(registry=self.config.registry, tools=ToolPoolClient(pool), stream_model=stream_model)
+                runtime = Runtime(registry=self.config.registry, tools=ToolPoolClient(pool), stream_model=stream_model,
+                                  quotas=self.config.quotas)
                 core = HostCore(
                     store, runtime, self.config.profiles, idle_ttl_s=self.config.idle_ttl_s,
-                    claim=self._claim, release=self._release,
+                    claim=self._claim, release=self._release, quotas=self.config.quotas,
                 )
                 core.start()
                 self._core = core
@@ -186,6 +187,12 @@ class ConversationHost:
     async def command(self, conversation_id: str, command: Command) -> str:
         core = await self._ready()
         return str(await core.command(conversation_id, command))
+
+    async def delete(self, conversation_id: str, request_key: str) -> str:
+        """Stop the conversation, delete it from the store, tell its watchers, release its claim
+        (docs/design.md#deletion). Claims it first: a host that does not hold it answers WrongHost."""
+        core = await self._ready()
+        return str(await core.delete(conversation_id, request_key))
 
     async def watch(self, gateway_id: str, conversation_id: str) -> str:
         """Deliver this conversation's live events to `gateway_id`; activates it (so a conversation

@@ -24,6 +24,7 @@ from actors.store.base import (
     StoreClosed,
     StoreError,
     StoreStats,
+    Tombstoned,
 )
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "StoreClosed",
     "StoreError",
     "StoreStats",
+    "Tombstoned",
     "open_store",
     "store_from_url",
 ]

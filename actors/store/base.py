@@ -10,7 +10,9 @@ protects the guarantees that survive crashes and re-activations:
   cannot both write the same seq;
 - idempotency keys (docs/wire-protocol.md#10-delivery-idempotency-resume-multiplexing) are checked and inserted atomically;
 - a tool call whose result is durable is never executed again (docs/design.md#recovery): first write wins;
-- a round's raw output commits with the append that completes the round (docs/design.md#replay).
+- a round's raw output commits with the append that completes the round (docs/design.md#replay);
+- a deleted conversation leaves only a tombstone, and every later write for it is refused
+  (docs/design.md#deletion).
 
 Every write goes through a group-commit queue (`GroupCommit`): concurrent writes of many
 conversations share one transaction and one fsync, which is what makes one SQLite file carry many
@@ -28,6 +30,7 @@ from typing import Any, Final, Generic, Protocol, TypeVar, runtime_checkable
 import msgspec
 
 from actors.hosting.backend import Owner
+from actors.quotas import QuotaCharge, QuotaCounter
 from protocol.events import Event, decode_data, encode_data
 
 # Idempotency keys are durable for at least 24 h; prune only what is older.
@@ -60,7 +63,44 @@ class SeqConflict(StoreError):
 
 
 class ConversationExists(StoreError):
-    """`create_conversation` named an id that already exists with another owner or agent."""
+    """`create_conversation` named an id that already exists with another owner or agent, or that
+    was deleted."""
+
+
+class QuotaRefused(StoreError):
+    """A quota charge one counter refused: the charge as a whole was not applied (`charge_quota`)."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        super().__init__(f"quota charge {index} refused")
+
+
+class Tombstoned(StoreError):
+    """A write for a conversation that was deleted: nothing of it was written (docs/design.md#deletion)."""
+
+    def __init__(self, conversation_id: str) -> None:
+        self.conversation_id = conversation_id
+        super().__init__(f"conversation {conversation_id!r} was deleted")
+
+
+# Snapshots kept for a conversation under a key of their own: the tool pool's counters and workspace
+# (actors/tools/pool.py). They are the conversation's, so they are deleted with it and refused after.
+# A conversation id holds no "/".
+TOOL_POOL_SCOPE: Final = "toolpool/"
+SNAPSHOT_SCOPES: Final = (TOOL_POOL_SCOPE,)
+
+
+def snapshot_keys(conversation_id: str) -> tuple[str, ...]:
+    """Every snapshot key a conversation may have."""
+    return (conversation_id, *(scope + conversation_id for scope in SNAPSHOT_SCOPES))
+
+
+def snapshot_owner(key: str) -> str:
+    """The conversation a snapshot key belongs to."""
+    for scope in SNAPSHOT_SCOPES:
+        if key.startswith(scope):
+            return key[len(scope):]
+    return key
 
 
 class RoundOutput(msgspec.Struct, frozen=True, kw_only=True):
@@ -171,6 +211,10 @@ class Store(Protocol):
         """Forget keys first seen before `older_than` (keep ≥ IDEMPOTENCY_TTL_S). Returns how many."""
         ...
 
+    async def forget_key(self, conversation_id: str, key: str) -> None:
+        """Forget one key: its command was refused (a quota) after the key was remembered."""
+        ...
+
     async def record_tool_result(self, conversation_id: str, call_id: str, payload: bytes) -> bool:
         """Make a tool call's result durable. First write wins; returns whether this one was new."""
         ...
@@ -182,6 +226,45 @@ class Store(Protocol):
     async def round_outputs(self, conversation_id: str) -> list[RoundOutput]:
         """Every stored round output of the conversation, in the order they were appended. A
         conversation recorded before outputs were stored has none (docs/design.md#replay)."""
+        ...
+
+    # quota counters (docs/design.md#quotas)
+
+    async def charge_quota(self, charges: Sequence[QuotaCharge]) -> int | None:
+        """Add each charge's amount to its counter, all or nothing, atomically across every process
+        sharing the store. A charge with a limit applies only if its counter stays within it. Returns
+        None when every charge applied, else the index of the first refused one (nothing applied)."""
+        ...
+
+    async def release_quota(self, holder: QuotaCounter | None, releases: Sequence[QuotaCharge]) -> bool:
+        """Give back what charges took (never below 0). With a `holder` (a lease row) only if that row
+        exists, which the release drops: a release then happens once however often it is asked for.
+        Returns whether anything was given back."""
+        ...
+
+    async def quota_counts(self, counters: Sequence[QuotaCounter]) -> list[int]:
+        """The counters' values, in order; 0 for a counter never charged."""
+        ...
+
+    async def quota_rows(self, scope: str, since: int) -> list[tuple[str, str, int, int]]:
+        """(key, quota, window_start, used) of every counter of `scope` that is a gauge or whose window
+        started at or after `since`."""
+        ...
+
+    async def prune_quota(self, older_than: int) -> int:
+        """Drop windowed counters whose window started before `older_than`. Returns how many."""
+        ...
+
+    async def delete_conversation(self, conversation_id: str, request_key: str, now: float) -> bool:
+        """Delete everything kept of the conversation — ownership, events, stream, snapshots (its
+        scoped ones too), idempotency keys, tool results, round outputs — in one transaction, and
+        leave a tombstone holding `request_key` (docs/design.md#deletion). Every write for it
+        submitted later raises Tombstoned (`create_conversation`: ConversationExists).
+        Returns False, having done nothing, when it was deleted before."""
+        ...
+
+    async def tombstone(self, conversation_id: str) -> str | None:
+        """The request key of the delete that removed the conversation; None if it was never deleted."""
         ...
 
 

@@ -7,8 +7,15 @@ Several processes (hosts) may share one database: the seq check reads the conver
 the backstop, so two activations that ever raced cannot both append the same seq (a seq is never
 reused: docs/design.md#store); keys and tool results rely on `ON CONFLICT DO NOTHING`, atomic
 across processes. All the appends of a batch are written with three statements, whatever their
-number, and the round outputs riding with them with one more. The schema and the SQL are shared
+number, and the round outputs riding with them with one more (two more read their tombstones under
+lock: deletion, below). The schema and the SQL are shared
 with the SQLite store: actors/store/schema.py.
+
+Deletion (docs/design.md#deletion): a delete removes the conversation's ownership row first, and
+every write first takes a KEY SHARE lock on the ownership rows it writes for, then reads their
+tombstones in a statement of its own. A write that got its lock first commits before the delete
+can, and the delete then removes what it wrote; a write that waited on the delete reads the
+tombstone after the delete committed, and is refused. Either way nothing survives a delete.
 
 Durability follows the server's `synchronous_commit` (on by default: a commit is flushed).
 """
@@ -25,21 +32,26 @@ from typing import Any
 import psycopg
 
 from actors.hosting.backend import Owner
+from actors.quotas import QuotaCharge, QuotaCounter
 from actors.store.base import (
     DEFAULT_READ_LIMIT,
     ConversationExists,
     GroupCommit,
     Outcome,
+    QuotaRefused,
     RoundOutput,
     SeqConflict,
     StoreClosed,
     StoreError,
     StoreStats,
+    Tombstoned,
     check_append,
     decode_event,
     decode_output,
     encode_event_data,
     output_row,
+    snapshot_keys,
+    snapshot_owner,
 )
 from actors.store.schema import POSTGRES_SQL as SQL
 from protocol.events import Event
@@ -61,7 +73,29 @@ class _Append:
     outputs: list[tuple[Any, ...]]      # round_outputs rows, committed with these events
 
 
-WriteOp = _Append | Callable[[Conn], Awaitable[Any]]
+@dataclass(slots=True)
+class _Delete:
+    """A conversation's deletion as data: it splits the batch it is in (`_run_transaction`)."""
+
+    conversation_id: str
+    request_key: str
+    now: float
+
+    async def __call__(self, conn: Conn) -> bool:
+        cid = self.conversation_id
+        # The ownership row first: its row lock is what every write for the conversation waits on.
+        await conn.execute(SQL.delete_conversation, (cid,))
+        cur = await conn.execute(SQL.insert_tombstone, (cid, self.request_key, self.now))
+        if cur.rowcount != 1:
+            return False  # deleted before (its ownership row is long gone): the first tombstone stays
+        for statement in SQL.delete_rows:
+            await conn.execute(statement, (cid,))
+        for key in snapshot_keys(cid):
+            await conn.execute(SQL.delete_snapshot, (key,))
+        return True
+
+
+WriteOp = _Append | _Delete | Callable[[Conn], Awaitable[Any]]
 
 # Serializes schema creation of processes starting together (CREATE ... IF NOT EXISTS can race).
 _SCHEMA_LOCK = 0x72656163  # "reac"
@@ -197,21 +231,13 @@ class PostgresStore:
     async def _run_transaction(self, conn: Conn, ops: list[WriteOp]) -> list[Outcome]:
         outcomes: list[Outcome | None] = [None] * len(ops)
         async with conn.transaction():
-            appends = [(i, op) for i, op in enumerate(ops) if isinstance(op, _Append)]
-            if appends:
-                results = await _append_all(conn, [op for _, op in appends])
-                for (i, _), outcome in zip(appends, results, strict=True):
-                    outcomes[i] = outcome
-            # Everything of the batch commits together, so running the appends first changes no
-            # result; the other ops keep their submission order (e.g. the same key twice).
-            for i, op in enumerate(ops):
-                if isinstance(op, _Append):
-                    continue
-                # Store errors are raised by an op before it writes anything: the batch goes on.
-                try:
-                    outcomes[i] = Outcome(value=await op(conn))
-                except StoreError as exc:
-                    outcomes[i] = Outcome(error=exc)
+            # A delete splits the batch: what was submitted before it runs before it (and is deleted
+            # by it), what was submitted after it meets its tombstone (docs/design.md#deletion).
+            start = 0
+            for end, op in enumerate(ops, 1):
+                if isinstance(op, _Delete) or end == len(ops):
+                    await _run_part(conn, ops, range(start, end), outcomes)
+                    start = end
         self.stats.commits += 1
         return [outcome for outcome in outcomes if outcome is not None]
 
@@ -221,6 +247,8 @@ class PostgresStore:
         self, conversation_id: str, owner: Owner, agent: str, created_at: float
     ) -> None:
         async def op(conn: Conn) -> None:
+            if await _deleted(conn, [conversation_id]):
+                raise ConversationExists(conversation_id)  # a deleted id is never given out again
             cur = await conn.execute(
                 SQL.insert_conversation, (conversation_id, owner.tenant, owner.sub, agent, created_at)
             )
@@ -281,6 +309,7 @@ class PostgresStore:
         payload = bytes(data)
 
         async def op(conn: Conn) -> None:
+            await _refuse_deleted(conn, snapshot_owner(conversation_id))
             await conn.execute(SQL.save_snapshot, (conversation_id, seq, payload))
 
         await self._group.submit(op)
@@ -295,6 +324,7 @@ class PostgresStore:
 
     async def remember_key(self, conversation_id: str, key: str, now: float) -> bool:
         async def op(conn: Conn) -> bool:
+            await _refuse_deleted(conn, conversation_id)
             cur = await conn.execute(SQL.remember_key, (conversation_id, key, now))
             return cur.rowcount == 1
 
@@ -307,12 +337,19 @@ class PostgresStore:
 
         return int(await self._group.submit(op))
 
+    async def forget_key(self, conversation_id: str, key: str) -> None:
+        async def op(conn: Conn) -> None:
+            await conn.execute(SQL.forget_key, (conversation_id, key))
+
+        await self._group.submit(op)
+
     # -- tool results -----------------------------------------------------------------------
 
     async def record_tool_result(self, conversation_id: str, call_id: str, payload: bytes) -> bool:
         data = bytes(payload)
 
         async def op(conn: Conn) -> bool:
+            await _refuse_deleted(conn, conversation_id)
             cur = await conn.execute(SQL.record_tool_result, (conversation_id, call_id, data))
             return cur.rowcount == 1
 
@@ -332,12 +369,117 @@ class PostgresStore:
             rows = await cur.fetchall()
         return [decode_output(*row) for row in rows]
 
+    # -- quota counters (docs/design.md#quotas) ------------------------------------------------
+
+    async def charge_quota(self, charges: Sequence[QuotaCharge]) -> int | None:
+        todo = list(charges)
+
+        async def op(conn: Conn) -> None:
+            # A savepoint of its own: the batch's transaction has none per op, and a refusal must take
+            # back the charges this op made before it (QuotaRefused is a StoreError: the batch goes on).
+            async with conn.transaction():
+                for index, (counter, amount, limit) in enumerate(todo):
+                    if limit is None:
+                        await conn.execute(SQL.charge_quota, (*counter, amount))
+                        continue
+                    if amount > limit:
+                        raise QuotaRefused(index)
+                    cur = await conn.execute(SQL.charge_quota_within, (*counter, amount, limit))
+                    if cur.rowcount != 1:
+                        raise QuotaRefused(index)
+
+        try:
+            await self._group.submit(op)
+        except QuotaRefused as refused:
+            return refused.index
+        return None
+
+    async def release_quota(self, holder: QuotaCounter | None, releases: Sequence[QuotaCharge]) -> bool:
+        todo = list(releases)
+
+        async def op(conn: Conn) -> bool:
+            if holder is not None:
+                cur = await conn.execute(SQL.drop_quota_holder, tuple(holder))
+                if cur.rowcount != 1:
+                    return False  # released before: nothing is given back twice
+            for counter, amount, _ in todo:
+                await conn.execute(SQL.release_quota, (amount, amount, *counter))
+            return True
+
+        return bool(await self._group.submit(op))
+
+    async def quota_counts(self, counters: Sequence[QuotaCounter]) -> list[int]:
+        found = []
+        async with self._reader() as conn:
+            for counter in counters:
+                cur = await conn.execute(SQL.quota_count, tuple(counter))
+                row = await cur.fetchone()
+                found.append(0 if row is None else int(row[0]))
+        return found
+
+    async def quota_rows(self, scope: str, since: int) -> list[tuple[str, str, int, int]]:
+        async with self._reader() as conn:
+            cur = await conn.execute(SQL.quota_rows, (scope, since))
+            rows = await cur.fetchall()
+        return [(str(k), str(q), int(w), int(u)) for k, q, w, u in rows]
+
+    async def prune_quota(self, older_than: int) -> int:
+        async def op(conn: Conn) -> int:
+            cur = await conn.execute(SQL.prune_quota, (older_than,))
+            return cur.rowcount
+
+        return int(await self._group.submit(op))
+
+    # -- deletion (docs/design.md#deletion) ----------------------------------------------------
+
+    async def delete_conversation(self, conversation_id: str, request_key: str, now: float) -> bool:
+        return bool(await self._group.submit(_Delete(conversation_id, request_key, now)))
+
+    async def tombstone(self, conversation_id: str) -> str | None:
+        async with self._reader() as conn:
+            cur = await conn.execute(SQL.tombstone, (conversation_id,))
+            row = await cur.fetchone()
+        return None if row is None else str(row[0])
+
+
+async def _run_part(conn: Conn, ops: list[WriteOp], part: range, outcomes: list[Outcome | None]) -> None:
+    """Run the ops of `part`, appends first: everything of the batch commits together, so that changes
+    no result; the other ops keep their submission order (e.g. the same key twice)."""
+    appends = [(i, op) for i in part if isinstance(op := ops[i], _Append)]
+    if appends:
+        results = await _append_all(conn, [op for _, op in appends])
+        for (i, _), outcome in zip(appends, results, strict=True):
+            outcomes[i] = outcome
+    for i in part:
+        op = ops[i]
+        if isinstance(op, _Append):
+            continue
+        # Store errors are raised by an op before it writes anything: the batch goes on.
+        try:
+            outcomes[i] = Outcome(value=await op(conn))
+        except StoreError as exc:
+            outcomes[i] = Outcome(error=exc)
+
+
+async def _deleted(conn: Conn, conversation_ids: list[str]) -> set[str]:
+    """Those of `conversation_ids` that were deleted, with their ownership rows locked (KEY SHARE)
+    until the transaction ends, so that no delete of them can commit in between (module docstring)."""
+    await conn.execute(SQL.lock_owners, (conversation_ids,))
+    cur = await conn.execute(SQL.tombstoned, (conversation_ids,))  # a new snapshot: after any wait
+    return {str(cid) for (cid,) in await cur.fetchall()}
+
+
+async def _refuse_deleted(conn: Conn, conversation_id: str) -> None:
+    if await _deleted(conn, [conversation_id]):
+        raise Tombstoned(conversation_id)
+
 
 async def _append_all(conn: Conn, appends: list[_Append]) -> list[Outcome]:
     """Write every append of a batch in three statements (a fourth for round outputs), whatever the
-    batch size.
+    batch size, after two that lock their ownership rows and read their tombstones.
 
-    The conversations' `streams` rows are locked (in id order, so that processes sharing the
+    An append for a deleted conversation fails with Tombstoned. The conversations' `streams` rows
+    are locked (in id order, so that processes sharing the
     database cannot deadlock) and their last_seq read; each append is checked against it in
     submission order; the accepted events go in with one INSERT and the new last_seqs with one
     upsert. A conversation without a row yet has no row to lock: if another process appends its
@@ -345,6 +487,7 @@ async def _append_all(conn: Conn, appends: list[_Append]) -> list[Outcome]:
     retried op by op and fails that append with SeqConflict (`_commit_batch`).
     """
     cids = sorted({a.conversation_id for a in appends})
+    deleted = await _deleted(conn, cids)  # before the streams rows: a delete locks in that order too
     cur = await conn.execute(SQL.lock_streams, (cids,))
     current: dict[str, int] = dict.fromkeys(cids, 0)
     current.update({cid: int(last) for cid, last in await cur.fetchall()})
@@ -352,6 +495,9 @@ async def _append_all(conn: Conn, appends: list[_Append]) -> list[Outcome]:
     accepted: list[_Append] = []
     for append in appends:
         last = current[append.conversation_id]
+        if append.conversation_id in deleted:
+            outcomes.append(Outcome(error=Tombstoned(append.conversation_id)))
+            continue
         if append.first != last + 1:
             outcomes.append(Outcome(error=SeqConflict(append.conversation_id, append.first, last)))
             continue

@@ -47,7 +47,8 @@ POSTGRES = Dialect("postgresql", "%s", "text", "bigint", "double precision", "by
 # append that carries the round's `round.completed` (`seq` is that append's last seq), so that a
 # completed round always has its output (docs/design.md#replay). `raw` is UTF-8 bytes: model text
 # may hold a NUL, which a PostgreSQL text column refuses (and a refused append stops the log).
-# `models` is a JSON array.
+# `models` is a JSON array. `tombstones` holds one row per deleted conversation, all that is left of
+# it: the key of the request that deleted it (a digest, no identity: docs/design.md#deletion).
 _DDL = """
 CREATE TABLE IF NOT EXISTS conversations (
     conversation_id {text} PRIMARY KEY,
@@ -98,6 +99,20 @@ CREATE TABLE IF NOT EXISTS round_outputs (
     phase {text} NOT NULL,
     PRIMARY KEY (conversation_id, turn_id, round)
 );
+CREATE TABLE IF NOT EXISTS tombstones (
+    conversation_id {text} PRIMARY KEY,
+    request_key {text} NOT NULL,
+    deleted_at {real} NOT NULL
+){without_rowid};
+CREATE TABLE IF NOT EXISTS quota_counters (
+    scope {text} NOT NULL,
+    key {text} NOT NULL,
+    quota {text} NOT NULL,
+    window_start {integer} NOT NULL,
+    used {integer} NOT NULL,
+    PRIMARY KEY (scope, key, quota, window_start)
+){without_rowid};
+CREATE INDEX IF NOT EXISTS quota_counters_window ON quota_counters (window_start);
 """
 
 # The heads and tails the row-wise (SQLite) and set-wise (PostgreSQL) appends share.
@@ -108,6 +123,11 @@ _INSERT_ROUND_OUTPUTS = (
     "INSERT INTO round_outputs (conversation_id, turn_id, round, seq, raw, models, mode, agent_state, phase)"
 )
 _ROUND_OUTPUT_ONCE = " ON CONFLICT (conversation_id, turn_id, round) DO NOTHING"
+_UPSERT_QUOTA = (
+    "INSERT INTO quota_counters (scope, key, quota, window_start, used) VALUES (?, ?, ?, ?, ?)"
+    " ON CONFLICT (scope, key, quota, window_start) DO UPDATE SET used = quota_counters.used + excluded.used"
+)
+_QUOTA_ROW = " WHERE scope = ? AND key = ? AND quota = ? AND window_start = ?"
 
 
 class Statements:
@@ -170,6 +190,42 @@ class Statements:
             " WHERE conversation_id = ? ORDER BY seq, turn_id, round"
         )
 
+        # deletion (docs/design.md#deletion): one transaction. The ownership row goes first: on
+        # PostgreSQL its row lock orders the delete against every write (postgres.py). Then the
+        # tombstone, which every later write for the conversation is checked against, then every
+        # table keyed by the conversation (snapshots by each of its keys: `delete_snapshot`).
+        self.tombstone = sql("SELECT request_key FROM tombstones WHERE conversation_id = ?")
+        self.insert_tombstone = sql(
+            "INSERT INTO tombstones (conversation_id, request_key, deleted_at) VALUES (?, ?, ?)"
+            " ON CONFLICT (conversation_id) DO NOTHING"
+        )
+        self.delete_conversation = sql("DELETE FROM conversations WHERE conversation_id = ?")
+        self.delete_rows = tuple(
+            sql(f"DELETE FROM {table} WHERE conversation_id = ?")
+            for table in ("streams", "events", "idempotency_keys", "tool_results", "round_outputs")
+        )
+        self.delete_snapshot = sql("DELETE FROM snapshots WHERE conversation_id = ?")
+
+        # quota counters (docs/design.md#quotas): one row per (scope, key, quota, window start); a
+        # gauge's window start is 0. A charge with a limit moves the counter only if it stays within
+        # the limit, in one upsert: atomic across every process sharing the database (the conflicting
+        # row is locked and the condition read from its latest version). A release never goes below 0;
+        # a lease row (the holder) is dropped by the release that gives its charge back, once.
+        self.charge_quota = sql(_UPSERT_QUOTA)
+        self.charge_quota_within = sql(_UPSERT_QUOTA + " WHERE quota_counters.used + excluded.used <= ?")
+        self.release_quota = sql(
+            "UPDATE quota_counters SET used = CASE WHEN used > ? THEN used - ? ELSE 0 END" + _QUOTA_ROW
+        )
+        self.drop_quota_holder = sql("DELETE FROM quota_counters" + _QUOTA_ROW)
+        self.quota_count = sql("SELECT used FROM quota_counters" + _QUOTA_ROW)
+        self.quota_rows = sql(
+            "SELECT key, quota, window_start, used FROM quota_counters"
+            " WHERE scope = ? AND (window_start = 0 OR window_start >= ?)"
+        )
+        self.prune_quota = sql("DELETE FROM quota_counters WHERE window_start > 0 AND window_start < ?")
+        # a key remembered for a command the quota then refused: the client may send it again
+        self.forget_key = sql("DELETE FROM idempotency_keys WHERE conversation_id = ? AND key = ?")
+
 
 class SqliteStatements(Statements):
     """SQLite only: an append is written row by row (`executemany`) and its stream row set."""
@@ -210,6 +266,15 @@ class PostgresStatements(Statements):
             " %s::text[], %s::text[], %s::text[], %s::text[])"
             + _ROUND_OUTPUT_ONCE
         )
+        # Deletion's guard (docs/design.md#deletion): a write first takes a KEY SHARE lock on the
+        # ownership rows of the conversations it writes for — a delete's DELETE of such a row waits
+        # for it, and it waits for a delete holding one — and only then, in a statement of its own
+        # (so with a snapshot taken after that wait), reads their tombstones.
+        self.lock_owners = (
+            "SELECT conversation_id FROM conversations WHERE conversation_id = ANY(%s)"
+            " ORDER BY conversation_id FOR KEY SHARE"
+        )
+        self.tombstoned = "SELECT conversation_id FROM tombstones WHERE conversation_id = ANY(%s)"
 
 
 SQLITE_SQL = SqliteStatements()

@@ -27,20 +27,25 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from actors.hosting.backend import Owner
+from actors.quotas import QuotaCharge, QuotaCounter
 from actors.store.base import (
     DEFAULT_READ_LIMIT,
     ConversationExists,
     GroupCommit,
     Outcome,
+    QuotaRefused,
     RoundOutput,
     SeqConflict,
     StoreClosed,
     StoreStats,
+    Tombstoned,
     check_append,
     decode_event,
     decode_output,
     encode_event_data,
     output_row,
+    snapshot_keys,
+    snapshot_owner,
 )
 from actors.store.schema import SQLITE_SQL as SQL
 from protocol.events import Event
@@ -254,6 +259,9 @@ class SqliteStore:
     async def prune_keys(self, older_than: float) -> int:
         return int(await self._group.submit(functools.partial(_prune_keys, older_than)))
 
+    async def forget_key(self, conversation_id: str, key: str) -> None:
+        await self._group.submit(functools.partial(_forget_key, conversation_id, key))
+
     # -- tool results -----------------------------------------------------------------------
 
     async def record_tool_result(self, conversation_id: str, call_id: str, payload: bytes) -> bool:
@@ -279,8 +287,65 @@ class SqliteStore:
 
         return await self._read(read)
 
+    # -- quota counters (docs/design.md#quotas) ------------------------------------------------
+
+    async def charge_quota(self, charges: Sequence[QuotaCharge]) -> int | None:
+        try:
+            await self._group.submit(functools.partial(_charge_quota, list(charges)))
+        except QuotaRefused as refused:
+            return refused.index
+        return None
+
+    async def release_quota(self, holder: QuotaCounter | None, releases: Sequence[QuotaCharge]) -> bool:
+        return bool(await self._group.submit(functools.partial(_release_quota, holder, list(releases))))
+
+    async def quota_counts(self, counters: Sequence[QuotaCounter]) -> list[int]:
+        def read(conn: sqlite3.Connection) -> list[int]:
+            rows = [conn.execute(SQL.quota_count, tuple(c)).fetchone() for c in counters]
+            return [0 if row is None else int(row[0]) for row in rows]
+
+        return await self._read(read)
+
+    async def quota_rows(self, scope: str, since: int) -> list[tuple[str, str, int, int]]:
+        def read(conn: sqlite3.Connection) -> list[tuple[str, str, int, int]]:
+            return [(str(k), str(q), int(w), int(u)) for k, q, w, u in conn.execute(SQL.quota_rows, (scope, since))]
+
+        return await self._read(read)
+
+    async def prune_quota(self, older_than: int) -> int:
+        return int(await self._group.submit(functools.partial(_prune_quota, older_than)))
+
+    # -- deletion (docs/design.md#deletion) ----------------------------------------------------
+
+    async def delete_conversation(self, conversation_id: str, request_key: str, now: float) -> bool:
+        return bool(await self._group.submit(functools.partial(_delete, conversation_id, request_key, now)))
+
+    async def tombstone(self, conversation_id: str) -> str | None:
+        def read(conn: sqlite3.Connection) -> str | None:
+            row = conn.execute(SQL.tombstone, (conversation_id,)).fetchone()
+            return None if row is None else str(row[0])
+
+        return await self._read(read)
+
 
 # -- write ops: run on the writer thread, inside the batch transaction ----------------------------
+# One writer holds the file's write lock for the whole batch, so a tombstone read inside an op holds
+# until its commit: a write checked here cannot land after a delete (docs/design.md#deletion).
+
+
+def _refuse_deleted(conversation_id: str, conn: sqlite3.Connection) -> None:
+    if conn.execute(SQL.tombstone, (conversation_id,)).fetchone() is not None:
+        raise Tombstoned(conversation_id)
+
+
+def _delete(conversation_id: str, request_key: str, now: float, conn: sqlite3.Connection) -> bool:
+    if conn.execute(SQL.insert_tombstone, (conversation_id, request_key, now)).rowcount != 1:
+        return False  # deleted before: the first delete's tombstone stays
+    conn.execute(SQL.delete_conversation, (conversation_id,))
+    for statement in SQL.delete_rows:
+        conn.execute(statement, (conversation_id,))
+    conn.executemany(SQL.delete_snapshot, [(key,) for key in snapshot_keys(conversation_id)])
+    return True
 
 
 def _last_seq(conversation_id: str, conn: sqlite3.Connection) -> int:
@@ -294,6 +359,7 @@ def _append(
 ) -> None:
     # Checked inside the committing transaction, against the durable log: this is what keeps a seq
     # from ever being reused, whatever any caller believes last_seq is.
+    _refuse_deleted(conversation_id, conn)
     last = _last_seq(conversation_id, conn)
     first = rows[0][1]
     if first != last + 1:
@@ -307,6 +373,8 @@ def _append(
 def _create_conversation(
     conversation_id: str, owner: Owner, agent: str, created_at: float, conn: sqlite3.Connection
 ) -> None:
+    if conn.execute(SQL.tombstone, (conversation_id,)).fetchone() is not None:
+        raise ConversationExists(conversation_id)  # a deleted id is never given out again
     cur = conn.execute(SQL.insert_conversation, (conversation_id, owner.tenant, owner.sub, agent, created_at))
     if cur.rowcount == 1:
         return
@@ -316,10 +384,12 @@ def _create_conversation(
 
 
 def _save_snapshot(conversation_id: str, seq: int, data: bytes, conn: sqlite3.Connection) -> None:
+    _refuse_deleted(snapshot_owner(conversation_id), conn)
     conn.execute(SQL.save_snapshot, (conversation_id, seq, data))
 
 
 def _remember_key(conversation_id: str, key: str, now: float, conn: sqlite3.Connection) -> bool:
+    _refuse_deleted(conversation_id, conn)
     return conn.execute(SQL.remember_key, (conversation_id, key, now)).rowcount == 1
 
 
@@ -327,5 +397,30 @@ def _prune_keys(older_than: float, conn: sqlite3.Connection) -> int:
     return conn.execute(SQL.prune_keys, (older_than,)).rowcount
 
 
+def _forget_key(conversation_id: str, key: str, conn: sqlite3.Connection) -> None:
+    conn.execute(SQL.forget_key, (conversation_id, key))
+
+
+def _charge_quota(charges: list[QuotaCharge], conn: sqlite3.Connection) -> None:
+    for index, (counter, amount, limit) in enumerate(charges):
+        if limit is None:
+            conn.execute(SQL.charge_quota, (*counter, amount))
+        elif amount > limit or conn.execute(SQL.charge_quota_within, (*counter, amount, limit)).rowcount != 1:
+            raise QuotaRefused(index)  # the op's savepoint takes back the charges before it
+
+
+def _release_quota(holder: QuotaCounter | None, releases: list[QuotaCharge], conn: sqlite3.Connection) -> bool:
+    if holder is not None and conn.execute(SQL.drop_quota_holder, tuple(holder)).rowcount != 1:
+        return False  # released before: nothing is given back twice
+    for counter, amount, _ in releases:
+        conn.execute(SQL.release_quota, (amount, amount, *counter))
+    return True
+
+
+def _prune_quota(older_than: int, conn: sqlite3.Connection) -> int:
+    return conn.execute(SQL.prune_quota, (older_than,)).rowcount
+
+
 def _record_tool_result(conversation_id: str, call_id: str, payload: bytes, conn: sqlite3.Connection) -> bool:
+    _refuse_deleted(conversation_id, conn)
     return conn.execute(SQL.record_tool_result, (conversation_id, call_id, payload)).rowcount == 1

@@ -20,11 +20,14 @@ from typing import Any
 
 from actors.catalog import Catalog, Observation, ToolCall
 from actors.store import Store
+from actors.store.base import TOOL_POOL_SCOPE
 from actors.tools.durable import DurableTools
 from actors.tools.executor import LocalToolExecutor
 from actors.tools.registry import Clock, ToolRegistry
 
-STATE_KEY_PREFIX = "toolpool/"  # the pool's snapshots share the store with conversations' snapshots
+# The pool's snapshots share the store with conversations' snapshots, under a scope the store deletes
+# with the conversation (docs/design.md#deletion).
+STATE_KEY_PREFIX = TOOL_POOL_SCOPE
 
 
 def state_key(conversation_id: str) -> str:

@@ -19,6 +19,10 @@ const RESENT_AFTER_RECONNECT = { user_message: true, steer: true, answer: true, 
 const BACKOFF_BASE_MS = 200;
 const BACKOFF_CAP_MS = 5000;
 const RETRY_PAUSE_MS = 500; // a frame the server did not process (rate_limited) is sent again after this
+// The gateway closes a connection at its token's `exp` (docs/wire-protocol.md#6-close-codes). The
+// console's token is the page URL's ?token=: reconnecting would only be refused with it, so the
+// session stops and the user signs in again (a new page URL with a fresh token).
+const TOKEN_EXPIRED = 4001;
 
 // (code, what the error answers) -> what the session does; columns: open, head, subscribe, command,
 // stream (no id, our conversation). The console never checks the head; the column is kept so
@@ -164,6 +168,7 @@ class Session {
       if (this.ws !== ws) return;
       this.disconnected();
       if (this.closedByUs) return;
+      if (ev.code === TOKEN_EXPIRED) return this.expired();
       const delay = Math.random() * Math.min(BACKOFF_CAP_MS, BACKOFF_BASE_MS * 2 ** Math.min(this.attempt, 16));
       this.attempt += 1;
       // A drained gateway refuses reconnects until its replacement listens: say so, not "1006".
@@ -321,6 +326,16 @@ class Session {
     if (frame.event === "turn.completed") this.turnActive = false;
     this.view.event(frame.event, d);
     this.view.busy(this.turnActive);
+  }
+
+  expired() {
+    // Like `fatal`, but the conversation is fine: a reload with a fresh token resumes it.
+    this.ended = "token expired";
+    this.closedByUs = true;
+    this.ready = false;
+    this.turnActive = false;
+    this.view.busy(false);
+    this.view.status("session expired — sign in again", "down");
   }
 
   fatal(code, message) {
