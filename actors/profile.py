@@ -163,6 +163,12 @@ RESERVED_SETTINGS = {
 }
 
 
+# How a model's stream is read (docs/design.md#model-settings): "fast" — our SSE reader where the
+# provider speaks OpenAI chat or Anthropic Messages (actors/llm/fast.py), LiteLLM's elsewhere; or
+# "litellm" — always LiteLLM's.
+STREAM_READERS = ("fast", "litellm")
+
+
 class ModelSettings(BaseModel):
     """LiteLLM completion parameters for one model (docs/design.md#model-settings): `api_base`,
     `api_key_env` (the *name* of the variable holding the key, read where the model is called),
@@ -178,6 +184,9 @@ class ModelSettings(BaseModel):
         for key in self.model_extra or {}:
             if key in RESERVED_SETTINGS:
                 raise ValueError(f"{key!r} cannot be set here: {RESERVED_SETTINGS[key]}")
+        reader = (self.model_extra or {}).get("stream_reader", "fast")
+        if reader not in STREAM_READERS:
+            raise ValueError(f"stream_reader must be one of {list(STREAM_READERS)}, not {reader!r}")
         return self
 
     def call_settings(self) -> dict[str, Any]:

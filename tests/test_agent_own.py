@@ -213,7 +213,8 @@ async def endpoint() -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
     @web.middleware
     async def record(request: web.Request, handler: Any) -> web.StreamResponse:
         if request.path.endswith("/chat/completions"):
-            seen.append({"body": await request.json(), "authorization": request.headers.get("Authorization")})
+            seen.append({"body": await request.json(), "authorization": request.headers.get("Authorization"),
+                         "agent": request.headers.get("User-Agent", "")})
         return await handler(request)
 
     app = make_app(script)
@@ -330,3 +331,21 @@ def test_settings_for_a_model_that_is_not_a_fallback_are_refused(tmp_path: Path)
     path = write_agent(tmp_path, PROFILE + '\n[fallback_settings."openai/other"]\ntemperature = 1\n')
     with pytest.raises(ProfileError, match=r'fallback_settings.openai/other: \'openai/other\' is not one of the fallbacks'):
         load_profile(path, known_tools=None)
+
+
+@pytest.mark.parametrize("reader", ["fast", "litellm"])
+async def test_stream_model_reads_openai_sse_itself_unless_the_profile_says_litellm(
+    endpoint: tuple[str, list[dict[str, Any]]], reader: str
+) -> None:
+    from actors.llm.stream import ModelDelta, ModelFinished, stream_model
+
+    base, seen = endpoint
+    settings = {"openai/acme-small": {"api_base": base, "stream_reader": reader}}
+    items = [item async for item in stream_model(
+        ["openai/acme-small"], [{"role": "user", "content": "hi"}], conversation_id="c", next_call_index=lambda: 0,
+        api_key="sk-loopback", settings=settings)]
+    text = "".join(i.text for i in items if isinstance(i, ModelDelta))
+    assert text.startswith("<channel:thinking>Looking it up.") and isinstance(items[-1], ModelFinished)
+    [request] = seen
+    assert "stream_reader" not in request["body"]                 # our setting never reaches the provider
+    assert ("aiohttp" in request["agent"]) is (reader == "fast")   # who read the stream

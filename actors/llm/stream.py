@@ -14,6 +14,7 @@ retries, continuations and fallbacks, and across processes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import re
 import sys
@@ -22,6 +23,14 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from actors.llm.fast import (
+    FastDelta,
+    FastFinish,
+    FastStreamError,
+    fast_path_supports,
+    fast_stream,
+    without_reader_setting,
+)
 from actors.llm.keys import MissingKey, call_kwargs, scrub
 from actors.llm.scripts import CALL_INDEX_HEADER, CONVERSATION_HEADER, ERROR_TABLE, SCRIPT_EXHAUSTED
 
@@ -231,10 +240,39 @@ async def stream_model(
         raise ValueError("stream_model needs at least one model")
     litellm = litellm_module()
     for position, model in enumerate(models):
+        # The conversation and its durable call counter travel as headers: the scripted provider
+        # and the mock endpoint play from them; real providers ignore unknown headers. Taken once
+        # per attempt, whichever reader serves it.
+        headers = {CONVERSATION_HEADER: conversation_id, CALL_INDEX_HEADER: str(next_call_index())}
+        own_settings = (settings or {}).get(model, {})
+        if fast_path_supports(model, own_settings, api_base=api_base):
+            # docs/design.md#model-settings: LiteLLM builds the request, we read the stream (fast.py).
+            finished: FastFinish | None = None
+            try:
+                async with contextlib.aclosing(fast_stream(
+                    model, messages, headers=headers, settings=own_settings, api_base=api_base, api_key=api_key,
+                    max_tokens=max_tokens, timeout_s=timeout_s, idle_timeout_s=idle_timeout_s,
+                    include_usage=include_usage,
+                )) as items:
+                    async for item in items:
+                        if isinstance(item, FastDelta):
+                            yield ModelDelta(item.text)
+                        else:
+                            finished = item
+            except FastStreamError as exc:
+                error = ProviderError(exc.kind, exc.model, exc.message, after_first_delta=exc.after_first_delta)
+                if exc.after_first_delta or position + 1 == len(models):
+                    raise error from None
+                described = error.message if error.message.startswith(error.kind) else f"{error.kind}: {error.message}"
+                yield ModelFallback(model, models[position + 1], described)
+                continue
+            assert finished is not None  # fast_stream always ends with its finish, or raises
+            reported = finished.usage
+            yield ModelFinished(finished.finish_reason, model,
+                                Usage(reported.prompt_tokens, reported.completion_tokens) if reported else None)
+            return
         kwargs: dict[str, Any] = {
-            # The conversation and its durable call counter travel as headers: the scripted provider
-            # and the mock endpoint play from them; real providers ignore unknown headers.
-            "extra_headers": {CONVERSATION_HEADER: conversation_id, CALL_INDEX_HEADER: str(next_call_index())},
+            "extra_headers": headers,
             # No hidden retries: each one would be a model call the conversation did not count.
             "max_retries": 0,
             "num_retries": 0,
@@ -257,7 +295,7 @@ async def stream_model(
         stream: Any = None
         key: str | None = None
         try:
-            own, key = call_kwargs((settings or {}).get(model, {}))
+            own, key = call_kwargs(without_reader_setting(own_settings))
             kwargs.update(own)
             stream = await litellm.acompletion(model=model, messages=messages, stream=True, **kwargs)
             chunks = stream.__aiter__()
