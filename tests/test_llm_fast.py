@@ -21,6 +21,7 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from actors.llm.errors import ProviderError
 from actors.llm.fast import (
     FAST_SETTINGS,
     PROVIDER_WIRES,
@@ -29,7 +30,6 @@ from actors.llm.fast import (
     AnthropicMessagesReader,
     FastDelta,
     FastFinish,
-    FastStreamError,
     OpenAIChatReader,
     SSEReader,
     Usage,
@@ -83,7 +83,7 @@ async def fast_outcome(model: str, api_base: str, **kw: Any) -> tuple[Outcome, l
         async for item in fast_stream(model, MESSAGES, headers=HEADERS, settings=kw.pop("settings", {}),
                                       api_base=api_base, api_key=kw.pop("api_key", KEY), **kw):
             items.append(item)
-    except FastStreamError as exc:
+    except ProviderError as exc:
         text = "".join(i.text for i in items)
         return Outcome(text, error=exc.kind, after_first_delta=exc.after_first_delta), items
     assert all(type(i) is FastDelta for i in items[:-1]) and type(items[-1]) is FastFinish
@@ -289,7 +289,7 @@ async def test_an_exhausted_script_is_script_exhausted_on_both_paths() -> None:
     base = f"http://127.0.0.1:{port}/v1"
     try:
         headers = {CONVERSATION_HEADER: "c", CALL_INDEX_HEADER: "1"}
-        with pytest.raises(FastStreamError) as err:
+        with pytest.raises(ProviderError) as err:
             async for _ in fast_stream("openai/x", MESSAGES, headers=headers, settings={}, api_base=base, api_key=KEY):
                 pass
     finally:
@@ -544,7 +544,7 @@ async def test_the_key_comes_from_api_key_env_and_never_shows_in_an_error(monkey
     app.router.add_post("/v1/chat/completions", echo_key)
     runner, port = await serve(app)
     try:
-        with pytest.raises(FastStreamError) as err:
+        with pytest.raises(ProviderError) as err:
             async for _ in fast_stream("openai/x", MESSAGES, headers=HEADERS, settings={"api_key_env": "FAST_TEST_KEY"},
                                        api_base=f"http://127.0.0.1:{port}/v1"):
                 pass
@@ -556,7 +556,7 @@ async def test_the_key_comes_from_api_key_env_and_never_shows_in_an_error(monkey
 
 
 async def test_a_missing_key_variable_is_auth_before_any_request() -> None:
-    with pytest.raises(FastStreamError) as err:
+    with pytest.raises(ProviderError) as err:
         async for _ in fast_stream("openai/x", MESSAGES, headers=HEADERS, settings={"api_key_env": "FAST_TEST_UNSET"},
                                    api_base="http://127.0.0.1:9/v1"):
             pass

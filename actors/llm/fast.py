@@ -11,7 +11,7 @@ aiohttp session per event loop, SSE framed by hand, every event decoded once int
 struct, for two wire formats — OpenAI-compatible chat completions and Anthropic Messages.
 
 `fast_stream` is one attempt of `stream_model` (docs/design.md#fallback): `FastDelta`s, then one
-`FastFinish` (finish reason, usage when the provider reports it), or a `FastStreamError` carrying
+`FastFinish` (finish reason, usage when the provider reports it), or a `ProviderError` carrying
 the same kinds LiteLLM's exception mapping gives (`STATUS_KINDS`, `_TEXT_RULES`). Fallback,
 call counting and salvage stay with `stream_model`. `fast_path_supports` says which calls may take
 this path; a model's settings opt out with `stream_reader = "litellm"` (`STREAM_READER`).
@@ -35,6 +35,7 @@ from typing import Any, Final
 import aiohttp
 import msgspec
 
+from actors.llm.errors import ProviderError, Usage
 from actors.llm.keys import MissingKey, call_kwargs, scrub
 from actors.llm.scripts import ERROR_TABLE, PROVIDER, SCRIPT_EXHAUSTED
 
@@ -44,12 +45,6 @@ from actors.llm.scripts import ERROR_TABLE, PROVIDER, SCRIPT_EXHAUSTED
 @dataclass(frozen=True, slots=True)
 class FastDelta:
     text: str
-
-
-@dataclass(frozen=True, slots=True)
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,17 +58,6 @@ class FastFinish:
 
 
 FastItem = FastDelta | FastFinish
-
-
-class FastStreamError(Exception):
-    """One attempt failed. Same fields as `stream.ProviderError`, which `stream_model` raises from it."""
-
-    def __init__(self, kind: str, model: str, message: str, *, after_first_delta: bool) -> None:
-        super().__init__(f"{model}: {kind}: {message}")
-        self.kind = kind
-        self.model = model
-        self.message = message
-        self.after_first_delta = after_first_delta
 
 
 # -- which calls take the path -------------------------------------------------------------------
@@ -218,7 +202,7 @@ def classify(wire: Wire, status: int | None, text: str) -> str:
 
 
 class _Failure(Exception):
-    """Raised inside the readers; `fast_stream` turns it into a `FastStreamError` for the model."""
+    """Raised inside the readers; `fast_stream` turns it into a `ProviderError` for the model."""
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
@@ -774,7 +758,7 @@ async def fast_stream(
     idle_timeout_s: float | None = None,
     include_usage: bool = True,
 ) -> AsyncGenerator[FastItem, None]:
-    """One model attempt: `FastDelta`s, then a `FastFinish`; or a `FastStreamError`.
+    """One model attempt: `FastDelta`s, then a `FastFinish`; or a `ProviderError`.
 
     `headers` go with the request (the conversation and call index, see scripts.py); `settings` are
     the model's (its key read from `api_key_env` here, at the call; settings win over `api_base`,
@@ -847,7 +831,7 @@ async def fast_stream(
 
 
 def _provider_error(exc: BaseException, model: str, key: str | None, delivered: bool, dog: _Watchdog | None,
-                    idle_timeout_s: float | None, read_timeout: float, *, answered: bool) -> FastStreamError:
+                    idle_timeout_s: float | None, read_timeout: float, *, answered: bool) -> ProviderError:
     if isinstance(exc, _Failure):
         kind, message = exc.kind, exc.message
     elif isinstance(exc, TimeoutError):   # before the headers, a read, or the idle timeout
@@ -860,7 +844,7 @@ def _provider_error(exc: BaseException, model: str, key: str | None, delivered: 
         # Before the provider answered (refused, reset, DNS), LiteLLM's mapping says InternalServerError;
         # a stream that breaks once it has begun is an APIConnectionError.
         kind, message = "connection" if answered else "server_error", f"{type(exc).__name__}: {exc}"
-    return FastStreamError(kind, model, scrub(message, key)[:500], after_first_delta=delivered)
+    return ProviderError(kind, model, scrub(message, key)[:500], after_first_delta=delivered)
 
 
 DRAIN_S: Final = 1.0
@@ -920,8 +904,8 @@ __all__ = [
     "FastFinish",
     "FastItem",
     "FastRequest",
-    "FastStreamError",
     "OpenAIChatReader",
+    "ProviderError",
     "Usage",
     "Wire",
     "aclose_sessions",

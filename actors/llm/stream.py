@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from actors.llm.errors import ProviderError, Usage
 from actors.llm.fast import (
     FastDelta,
     FastFinish,
-    FastStreamError,
     fast_path_supports,
     fast_stream,
     without_reader_setting,
@@ -48,18 +48,6 @@ class ModelFallback:
 
 
 @dataclass(frozen=True, slots=True)
-class Usage:
-    """The tokens one call used, as the provider (through LiteLLM) reported them."""
-
-    prompt_tokens: int
-    completion_tokens: int
-
-    @property
-    def total(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
-
-
-@dataclass(frozen=True, slots=True)
 class ModelFinished:
     finish_reason: str | None
     model: str
@@ -67,17 +55,6 @@ class ModelFinished:
 
 
 StreamItem = ModelDelta | ModelFallback | ModelFinished
-
-
-class ProviderError(Exception):
-    """A model call failed: every model failed before its first delta, or one failed mid-stream."""
-
-    def __init__(self, kind: str, model: str, message: str, *, after_first_delta: bool) -> None:
-        super().__init__(f"{model}: {kind}: {message}")
-        self.kind = kind
-        self.model = model
-        self.message = message
-        self.after_first_delta = after_first_delta
 
 
 # -- the lean LiteLLM configuration --------------------------------------------------------------
@@ -259,17 +236,14 @@ async def stream_model(
                             yield ModelDelta(item.text)
                         else:
                             finished = item
-            except FastStreamError as exc:
-                error = ProviderError(exc.kind, exc.model, exc.message, after_first_delta=exc.after_first_delta)
-                if exc.after_first_delta or position + 1 == len(models):
-                    raise error from None
-                described = error.message if error.message.startswith(error.kind) else f"{error.kind}: {error.message}"
+            except ProviderError as failed:
+                if failed.after_first_delta or position + 1 == len(models):
+                    raise
+                described = failed.message if failed.message.startswith(failed.kind) else f"{failed.kind}: {failed.message}"
                 yield ModelFallback(model, models[position + 1], described)
                 continue
             assert finished is not None  # fast_stream always ends with its finish, or raises
-            reported = finished.usage
-            yield ModelFinished(finished.finish_reason, model,
-                                Usage(reported.prompt_tokens, reported.completion_tokens) if reported else None)
+            yield ModelFinished(finished.finish_reason, model, finished.usage)
             return
         kwargs: dict[str, Any] = {
             "extra_headers": headers,
