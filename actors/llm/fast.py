@@ -675,7 +675,16 @@ def _session() -> aiohttp.ClientSession:
         session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), cookie_jar=aiohttp.DummyCookieJar(),
                                         timeout=aiohttp.ClientTimeout(total=None))
         _sessions[loop] = session
+        # A loop that ends without `aclose_sessions()` (a test's, a worker's at exit) takes its
+        # sockets with it; mark the pool closed then, or aiohttp reports it unclosed at exit.
+        weakref.finalize(loop, _forget, session)
     return session
+
+
+def _forget(session: aiohttp.ClientSession) -> None:
+    connector = session.connector
+    if connector is not None and not connector.closed:
+        connector._close()  # the synchronous half of close(): nothing is left to await
 
 
 @lru_cache(maxsize=256)
