@@ -64,7 +64,7 @@ class Settings(BaseSettings):
     bad_frames_before_close: int = Field(default=10, gt=0)
     drain_grace_s: float = Field(default=25.0, gt=0)
     idle_ttl_s: float = Field(default=600.0, gt=0)
-    # permessage-deflate: ~64 KiB per connection instead of ~14 KiB (FIELD_NOTES); off by default
+    # permessage-deflate: ~64 KiB of memory per connection instead of ~14 KiB (measured); off by default
     compression: bool = False
     # Quotas per user and per tenant (docs/design.md#quotas; the table: actors/quotas.py QUOTAS).
     # 0: no limit (still counted). Enforced by the hosts and the backends, not only this gateway.

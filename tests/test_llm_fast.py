@@ -653,3 +653,23 @@ async def test_closing_an_anthropic_stream_early_closes_the_response() -> None:
     finally:
         await runner.cleanup()
     assert served.aborted == 1
+
+
+def test_a_pooled_session_whose_loop_ended_unclosed_is_released_by_the_next_loop() -> None:
+    # One pooled aiohttp session per event loop; a loop that ends without aclose_sessions() (a
+    # test's) must not leave its session held forever nor reported unclosed by aiohttp.
+    from actors.llm import fast
+
+    async def take() -> Any:
+        return fast._session()
+
+    first = asyncio.new_event_loop()
+    stale = first.run_until_complete(take())
+    first.close()
+    second = asyncio.new_event_loop()
+    try:
+        fresh = second.run_until_complete(take())
+        assert stale.closed and not fresh.closed and first not in fast._sessions
+        second.run_until_complete(fast.aclose_sessions())
+    finally:
+        second.close()

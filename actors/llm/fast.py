@@ -22,9 +22,9 @@ This module imports nothing from `stream.py`, so that `stream.py` can import it.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import copy
 import re
-import weakref
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -662,29 +662,42 @@ def _optional_params(found: Route, include_usage: bool, settings: bytes) -> dict
 
 # One pooled session per event loop (a session's connections belong to the loop that opened them).
 # No connection limit: a host streams every conversation's model call at once.
-_sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession] = weakref.WeakKeyDictionary()
+# One pooled session per event loop. A session holds its loop, so a weak map would never let go.
+_sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
 
 
 def _session() -> aiohttp.ClientSession:
     loop = asyncio.get_running_loop()
     session = _sessions.get(loop)
     if session is None or session.closed:
+        _reap()
         # No cookie jar: a provider's cookies must not ride along on another conversation's call.
         # Not trust_env: aiohttp would then look the proxy and ~/.netrc up in a thread on every
         # request; `_proxy` reads the proxy variables once per endpoint instead.
         session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), cookie_jar=aiohttp.DummyCookieJar(),
                                         timeout=aiohttp.ClientTimeout(total=None))
         _sessions[loop] = session
-        # A loop that ends without `aclose_sessions()` (a test's, a worker's at exit) takes its
-        # sockets with it; mark the pool closed then, or aiohttp reports it unclosed at exit.
-        weakref.finalize(loop, _forget, session)
     return session
+
+
+def _reap() -> None:
+    """Drop the sessions of loops that ended without `aclose_sessions()` (a test's): their sockets
+    went with the loop. Marked closed, so aiohttp does not report them unclosed."""
+    for loop in [loop for loop in _sessions if loop.is_closed()]:
+        _forget(_sessions.pop(loop))
 
 
 def _forget(session: aiohttp.ClientSession) -> None:
     connector = session.connector
     if connector is not None and not connector.closed:
         connector._close()  # the synchronous half of close(): nothing is left to await
+
+
+@atexit.register
+def _forget_all() -> None:
+    """At exit: the last loop's session too (a worker that never closed it)."""
+    for session in _sessions.values():
+        _forget(session)
 
 
 @lru_cache(maxsize=256)

@@ -239,8 +239,7 @@ async def stream_model(
             except ProviderError as failed:
                 if failed.after_first_delta or position + 1 == len(models):
                     raise
-                described = failed.message if failed.message.startswith(failed.kind) else f"{failed.kind}: {failed.message}"
-                yield ModelFallback(model, models[position + 1], described)
+                yield _fallback(model, models[position + 1], failed)
                 continue
             assert finished is not None  # fast_stream always ends with its finish, or raises
             yield ModelFinished(finished.finish_reason, model, finished.usage)
@@ -308,11 +307,16 @@ async def stream_model(
             if delivered or position + 1 == len(models):
                 # The provider's own exception may quote the key: chain it only when there is none.
                 raise error from (exc if key is None else None)
-            described = error.message if error.message.startswith(error.kind) else f"{error.kind}: {error.message}"
-            yield ModelFallback(model, models[position + 1], described)
+            yield _fallback(model, models[position + 1], error)
             continue
         finally:
             if stream is not None:
                 await stream.aclose()
         yield ModelFinished(finish_reason, model, usage)
         return
+
+
+def _fallback(model: str, to: str, error: ProviderError) -> ModelFallback:
+    """Moving on to the next model after `error`, before any delta: the one description both readers give."""
+    described = error.message if error.message.startswith(error.kind) else f"{error.kind}: {error.message}"
+    return ModelFallback(model, to, described)
