@@ -381,7 +381,7 @@ async def streaming(ray_backend: RayBackend, local: LocalBackend, n: int, repeat
 async def cold_start(config: RayConfig) -> float:
     """One ConversationHost process from creation to `ready()`: a dedicated-named one, so that no
     conversation is ever placed on it; killed and reported dead afterwards."""
-    name = dedicated_host(f"bench-cold-start-{time.monotonic_ns()}")
+    name = dedicated_host(config.generation, f"bench-cold-start-{time.monotonic_ns()}")
     t = time.perf_counter()
     handle = ConversationHost.options(name=name, namespace=NAMESPACE, lifetime="detached",  # type: ignore[attr-defined]
                                       num_cpus=0).remote(name, config)

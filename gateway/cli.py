@@ -171,7 +171,13 @@ def _serve(args: argparse.Namespace) -> int:
     except (StartupError, BindRefused, AuthConfigError, OriginConfigError, ValidationError) as exc:
         print(f"reactgate serve: {exc}", file=sys.stderr)
         return 2
-    asyncio.run(run(settings, backend))
+    from actors.hosting.backend import ConfigurationReplaced
+
+    try:
+        asyncio.run(run(settings, backend))
+    except ConfigurationReplaced as exc:  # the cluster serves a newer configuration (docs/design.md#generations)
+        print(f"reactgate serve: refused by the cluster: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

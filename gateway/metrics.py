@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 
 from actors.quotas import TenantUsage
 
@@ -53,6 +53,10 @@ class GatewayMetrics:
             "reactgate_quota_refused", "quota_exceeded refusals sent by this replica",
             ["tenant", "quota", "scope"], registry=r,
         )
+
+        # The configuration generation this replica serves (docs/design.md#generations), "local" on
+        # the local backend: reactgate_config_info{generation="…"} 1.
+        self.config = Info("reactgate_config", "The configuration generation this replica serves", registry=r)
 
     def track(self, connections: Callable[[], int], queue_depth: Callable[[], int]) -> None:
         """Compute the per-session sums at scrape time."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +19,7 @@ from actors.hosting.backend import (
     AckStatus,
     Answer,
     Command,
+    ConfigurationReplaced,
     Forbidden,
     Opened,
     Owner,
@@ -47,6 +48,8 @@ class FakeConversation:
 
 class FakeBackend:
     def __init__(self, batch: int = BATCH) -> None:
+        self.generation: str | None = None
+        self.on_replaced: Callable[[ConfigurationReplaced], None] | None = None
         self.conversations: dict[str, FakeConversation] = {}
         self.started = False
         self.stopped = False

@@ -29,7 +29,7 @@ from actors.llm.stream import stream_model
 from actors.profile import AgentProfile, parse_profile
 from actors.ray.backend import RayBackend
 from actors.ray.config import RayConfig
-from actors.ray.names import NAMESPACE, TOOL_POOL_NAME
+from actors.ray.names import NAMESPACE, dedicated_host, tool_pool
 from actors.store import store_from_url
 from actors.tools.demo import demo_registry
 from actors.tools.durable import DurableTools
@@ -403,7 +403,7 @@ async def test_host_killed_mid_stream_client_resumes_with_one_final_answer(ray_b
 
 async def test_host_killed_mid_tool_call_runs_the_tool_exactly_once(ray_backend: RayBackend) -> None:
     cid = await _open(ray_backend, "note")
-    pool = ray.get_actor(TOOL_POOL_NAME, namespace=NAMESPACE)
+    pool = ray.get_actor(tool_pool(ray_backend.config.generation), namespace=NAMESPACE)
     watch = Watch(ray_backend, cid)
     await ray_backend.command(OWNER, cid, UserMessage("m1", "note it"))
     await watch.until_event("tool.call", 2)
@@ -424,7 +424,7 @@ async def test_tool_pool_killed_in_flight_calls_get_error_observations_and_count
     ray_backend: RayBackend,
 ) -> None:
     cid = await _open(ray_backend, "pool")
-    pool = ray.get_actor(TOOL_POOL_NAME, namespace=NAMESPACE)
+    pool = ray.get_actor(tool_pool(ray_backend.config.generation), namespace=NAMESPACE)
     watch = Watch(ray_backend, cid)
     await ray_backend.command(OWNER, cid, UserMessage("m1", "go"))
     await watch.until_event("tool.call", 2)
@@ -437,7 +437,7 @@ async def test_tool_pool_killed_in_flight_calls_get_error_observations_and_count
     assert results[1].data.error == "tool_pool_unavailable"
     done = next(e for e in watch.events if e.event == "turn.completed")
     assert done.data.reason == "complete"
-    restarted = ray.get_actor(TOOL_POOL_NAME, namespace=NAMESPACE)
+    restarted = ray.get_actor(tool_pool(ray_backend.config.generation), namespace=NAMESPACE)
     # The turn may end (its observation is the failure) before Ray has finished the restart.
     workspace = await _until_available(lambda: restarted.workspace.remote(cid))
     assert workspace["exploration"] == 1  # durable across the restart
@@ -500,17 +500,16 @@ async def test_client_reconnects_to_another_gateway_and_resumes(
 async def test_dedicated_placement_runs_one_named_actor_per_conversation(
     ray_cluster: Any, store_url: str, script_files: dict[str, str]
 ) -> None:
-    from actors.ray.names import DEDICATED_PREFIX
-
     backend = await _ray_backend(store_url, script_files)
+    generation = backend.config.generation
     try:
         first, second = await _open(backend, "solo"), await _open(backend, "solo")
         for cid in (first, second):
             await backend.command(OWNER, cid, SetMode(f"m-{cid}", "agent"))
         hosts = {await backend.host_of(first), await backend.host_of(second)}
-        assert hosts == {f"{DEDICATED_PREFIX}{first}", f"{DEDICATED_PREFIX}{second}"}
+        assert hosts == {dedicated_host(generation, first), dedicated_host(generation, second)}
         for cid in (first, second):
-            stats = await ray.get_actor(f"{DEDICATED_PREFIX}{cid}", namespace=NAMESPACE).stats.remote()
+            stats = await ray.get_actor(dedicated_host(generation, cid), namespace=NAMESPACE).stats.remote()
             assert stats["active_ids"] == [cid]
         watch = Watch(backend, first)
         await backend.command(OWNER, first, UserMessage("m1", "hi"))
@@ -524,16 +523,16 @@ async def test_dedicated_placement_runs_one_named_actor_per_conversation(
 
         def gone() -> bool:
             try:
-                ray.get_actor(f"{DEDICATED_PREFIX}{second}", namespace=NAMESPACE)
+                ray.get_actor(dedicated_host(generation, second), namespace=NAMESPACE)
             except ValueError:
                 return True
             return False
 
         await _until(lambda: _async_value(gone()), bool)
-        assert f"{DEDICATED_PREFIX}{first}" not in await backend._directory.hosts.remote()
+        assert dedicated_host(generation, first) not in await backend._directory.hosts.remote()
     finally:
         with contextlib.suppress(ValueError):
-            ray.kill(ray.get_actor(f"{DEDICATED_PREFIX}{first}", namespace=NAMESPACE))
+            ray.kill(ray.get_actor(dedicated_host(generation, first), namespace=NAMESPACE))
         await backend.stop()
 
 

@@ -79,3 +79,43 @@ def test_assigning_a_dedicated_host_takes_the_conversation_from_any_holder() -> 
     assert t.place("own") == "conv-own"
     assert t.claim("own", "h0") == "conv-own"   # the dedicated host now holds the single activation
     assert "conv-own" not in t.live             # and is never a candidate for another conversation
+
+
+# -- generations: a replaced configuration's hosts drain (docs/design.md#generations) ----------------
+
+
+def test_a_draining_host_keeps_what_it_holds_and_is_never_picked_again() -> None:
+    table = PlacementTable()
+    table.add_host("old-0")
+    held = table.place("c-held")
+    assert held == "old-0"
+    table.add_host("new-0")
+    table.drain("old-0")
+    assert table.place("c-held") == "old-0"            # a turn in flight finishes where it runs
+    assert table.claim("c-held", "new-0") == "old-0"   # single activation: never in two generations
+    assert {table.place(f"c-{i}") for i in range(50)} == {"new-0"}
+    table.add_host("old-0")                            # a heartbeat does not make it a candidate again
+    assert table.place("c-fresh") == "new-0"
+    assert table.load() == {"new-0": 51}
+
+
+def test_a_draining_host_is_refused_a_new_activation_and_told_where_it_goes() -> None:
+    table = PlacementTable()
+    table.add_host("old-0")
+    table.add_host("new-0")
+    table.drain("old-0")
+    assert table.claim("c-1", "old-0") == "new-0"
+    assert table.assigned["c-1"] == "new-0"
+
+
+def test_a_conversation_released_by_a_draining_host_moves_to_the_current_generation() -> None:
+    table = PlacementTable()
+    table.add_host("old-0")
+    table.place("c-1")
+    table.add_host("new-0")
+    table.add_host("new-1")
+    table.drain("old-0")
+    table.release("c-1", "old-0")
+    assert table.place("c-1") in {"new-0", "new-1"}
+    assert table.host_failed("old-0") == []
+    assert not table.alive("old-0")

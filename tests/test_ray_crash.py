@@ -181,11 +181,11 @@ class _VanishedHostFirst:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
 
-    async def _place(self, conversation_id: str) -> str:
+    async def _place(self, conversation_id: str, generation: str | None = None) -> str:
         if self._times > 0:
             self._times -= 1
             return "reactgate-host-vanished"
-        return str(await self._real.place.remote(conversation_id))
+        return str(await self._real.place.remote(conversation_id, generation))
 
 
 async def test_a_route_to_a_host_that_no_longer_exists_is_retried_not_given_up(backend: RayBackend) -> None:

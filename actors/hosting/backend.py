@@ -7,8 +7,8 @@ once (docs/design.md#hosting).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from actors.quotas import TenantUsage
@@ -34,6 +34,23 @@ class UnknownAgent(Exception):
 
 class UnknownAsk(Exception):
     """`answer` named an ask_id with no question waiting: already answered, timed out, or never asked."""
+
+
+class ConfigurationReplaced(Exception):
+    """This gateway's configuration generation was replaced by a newer one (docs/design.md#generations):
+    it must not serve any more (its store or profiles may not be the cluster's); its clients resume
+    on a gateway of the current generation."""
+
+    def __init__(self, mine: str, current: str | None, changed: Sequence[str] = ()) -> None:
+        differs = f" (it differs in: {', '.join(changed)})" if changed else ""
+        super().__init__(f"configuration generation {mine} was replaced by {current or 'a newer one'}{differs}; "
+                         "start gateways with the current configuration")
+        self.mine = mine
+        self.current = current
+        self.changed = tuple(changed)
+
+    def __reduce__(self) -> tuple[type[ConfigurationReplaced], tuple[str, str | None, tuple[str, ...]]]:
+        return ConfigurationReplaced, (self.mine, self.current, self.changed)  # raised in an actor, re-raised here
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +107,12 @@ class Backend(Protocol):
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
+
+    # The configuration generation this backend serves (docs/design.md#generations): shown on /readyz
+    # and /metrics. None where nothing outlives the process (the local backend).
+    generation: str | None
+    # Set by the server before `start`; a backend whose generation is replaced calls it once.
+    on_replaced: Callable[[ConfigurationReplaced], None] | None
 
     async def open(
         self, owner: Owner, conversation_id: str | None, agent: str | None, mode: str | None

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 
 from actors.conversation import Runtime
-from actors.hosting.backend import AckStatus, Command, Export, Opened, Owner, SetMode
+from actors.hosting.backend import AckStatus, Command, ConfigurationReplaced, Export, Opened, Owner, SetMode
 from actors.hosting.export import export_log
 from actors.hosting.host import HostCore
 from actors.hosting.owners import Owners, deletion_key
@@ -37,6 +37,8 @@ class LocalBackend:
         idle_ttl_s: float = 600,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        self.generation: str | None = None  # nothing here outlives the process
+        self.on_replaced: Callable[[ConfigurationReplaced], None] | None = None  # never replaced
         self.store = store
         self.profiles = profiles
         self.default_agent = default_agent

@@ -34,21 +34,32 @@ class PlacementTable:
     def __init__(self) -> None:
         self.live: set[str] = set()          # sharded hosts: the pool rendezvous hashing picks from
         self.dedicated: set[str] = set()     # one-conversation hosts: never picked for another
+        self.draining: set[str] = set()      # a replaced generation's hosts: hold what they have, get nothing new
         self.assigned: dict[str, str] = {}   # conversation id → host holding its single activation
 
     def add_host(self, host: str, *, dedicated: bool = False) -> None:
+        if host in self.draining:
+            return  # a draining host's heartbeat never makes it a candidate again
         pool = self.dedicated if dedicated else self.live
         if host not in pool:
             pool.add(host)
 
+    def drain(self, host: str) -> None:
+        """`host` keeps the activations it holds and is granted no other."""
+        if host in self.live or host in self.dedicated:
+            self.live.discard(host)
+            self.dedicated.discard(host)
+        self.draining.add(host)
+
     def alive(self, host: str) -> bool:
-        return host in self.live or host in self.dedicated
+        return host in self.live or host in self.dedicated or host in self.draining
 
     def host_failed(self, host: str) -> list[str]:
         """Mark a host dead; returns the conversations it held (they re-place on next use)."""
         if self.alive(host):
             self.live.discard(host)
             self.dedicated.discard(host)
+            self.draining.discard(host)
         moved = [cid for cid, h in self.assigned.items() if h == host]
         for cid in moved:
             del self.assigned[cid]
@@ -70,6 +81,8 @@ class PlacementTable:
         current = self.assigned.get(conversation_id)
         if current is not None and self.alive(current):
             return current
+        if host in self.draining:
+            return self.place(conversation_id)  # a new activation goes to the current generation
         self.add_host(host, dedicated=dedicated)
         self.assigned[conversation_id] = host
         return host

@@ -1,6 +1,7 @@
 """The Ray shells around the hosting logic (docs/design.md#hosting, #placement, #tool-pool).
 
 - `config.py`: `RayConfig`, everything the cluster needs, built at the edge and passed in;
+- `generation.py`: the content hash of what the hosts serve, naming each set of hosts;
 - `names.py`: the named actors' namespace and names, and race-free creation;
 - `directory.py`: the Directory actor, a shell around `actors.hosting.placement.PlacementTable`;
 - `host.py`: the ConversationHost actor, a shell around `actors.hosting.host.HostCore`;

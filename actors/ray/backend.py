@@ -9,6 +9,9 @@
   routes and re-watches what its subscribers watched there, on the new host, until that works;
   subscribers are then told to look in the store, which holds every event ever published
   (write-ahead), so nothing is lost (docs/design.md#recovery, #delivery).
+- Generations: this gateway serves its configuration's generation (docs/design.md#generations).
+  Starting, it makes that generation current (or is refused, if it was replaced); once a newer one
+  is current it stops serving (`on_replaced`): its clients resume on a current gateway.
 
 Configuration is the `RayConfig` it is given; it reads nothing from the environment.
 """
@@ -26,7 +29,7 @@ from typing import Any, TypeVar
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from actors.hosting.backend import AckStatus, Command, Export, Opened, Owner, SetMode
+from actors.hosting.backend import AckStatus, Command, ConfigurationReplaced, Export, Opened, Owner, SetMode
 from actors.hosting.export import export_log
 from actors.hosting.meter import Meter
 from actors.hosting.owners import Owners, deletion_key
@@ -35,8 +38,8 @@ from actors.hosting.subscription import replay_then_live
 from actors.quotas import TenantUsage
 from actors.ray.config import RayConfig
 from actors.ray.directory import Directory
-from actors.ray.host import WrongHost
-from actors.ray.names import DIRECTORY_NAME, NAMESPACE, TOOL_POOL_NAME, get_or_create
+from actors.ray.host import Relocated, WrongHost
+from actors.ray.names import DIRECTORY_NAME, NAMESPACE, get_or_create, tool_pool
 from actors.ray.tool_pool import ToolPoolActor
 from actors.store import Store, store_from_url
 from protocol.events import Event
@@ -68,7 +71,7 @@ class _HostLink:
 
     def __init__(
         self, name: str, handle: Any, gateway_id: str,
-        on_batch: Callable[[Sequence[Event]], None],
+        on_batch: Callable[[Sequence[Event | Relocated]], None],
         on_failure: Callable[[_HostLink], Awaitable[None]],
     ) -> None:
         self.name = name
@@ -100,6 +103,10 @@ class RayBackend:
         self.profiles = dict(config.profiles)
         self.default_agent = default_agent
         self.gateway_id = f"gw-{uuid.uuid4().hex[:12]}"
+        self.generation: str | None = config.generation
+        # Called once when a newer generation replaces this one (the server drains: 1012, not ready).
+        self.on_replaced: Callable[[ConfigurationReplaced], None] | None = None
+        self._replaced: ConfigurationReplaced | None = None
         self.store: Store = store_from_url(config.store_url)
         # Creating a conversation is charged here, in the gateway process, against the store every
         # gateway and host shares (docs/design.md#quotas); turns and tokens are charged on the hosts.
@@ -121,9 +128,19 @@ class RayBackend:
             self._started_ray = True
         await self.store.open()
         self._directory = get_or_create(Directory, DIRECTORY_NAME)
-        get_or_create(ToolPoolActor, TOOL_POOL_NAME, self.config)
-        if any(p.placement == "sharded" for p in self.profiles.values()):
-            names = await self._directory.ensure_hosts.remote(self.config.hosts, self.config)
+        generation = self.config.generation
+        try:
+            await self._directory.check.remote(generation, self.config.sections)  # before creating anything of a replaced one
+        except RayTaskError as exc:
+            raise _cause(exc) from None
+        log.info("serving configuration generation %s", generation)
+        get_or_create(ToolPoolActor, tool_pool(generation), self.config)
+        sharded = any(p.placement == "sharded" for p in self.profiles.values())
+        try:  # makes this generation current: a different one drains (docs/design.md#generations)
+            names = await self._directory.ensure_hosts.remote(self.config.hosts if sharded else 0, self.config)
+        except RayTaskError as exc:
+            raise _cause(exc) from None
+        if sharded:
             await self._wait_for_hosts()
             # /readyz only once every host has its store open and LiteLLM loaded (seconds each).
             await asyncio.gather(*(ray.get_actor(n, namespace=NAMESPACE).ready.remote() for n in names))
@@ -255,7 +272,7 @@ class RayBackend:
         delay = 0.05
         while True:
             try:
-                return str(await self._directory.place.remote(conversation_id))
+                return str(await self._directory.place.remote(conversation_id, self.config.generation))
             except NoLiveHost:
                 if time.monotonic() > deadline:
                     raise
@@ -265,7 +282,8 @@ class RayBackend:
 
     async def _call(self, conversation_id: str, method: str, *args: Any) -> Any:
         return await self._routed(
-            conversation_id, lambda link: getattr(link.handle, method).remote(conversation_id, *args))
+            conversation_id,
+            lambda link: getattr(link.handle, method).remote(conversation_id, *args, generation=self.config.generation))
 
     async def _routed(self, conversation_id: str, call: Callable[[_HostLink], Awaitable[T]]) -> T:
         """`call` on the conversation's host, re-routed until a live host answers or ROUTE_TIMEOUT_S.
@@ -291,7 +309,12 @@ class RayBackend:
                 if redirects < ROUTE_ATTEMPTS:
                     continue
             except RayTaskError as exc:  # our code raised on the host (e.g. UnknownAsk): the caller's error
-                raise _cause(exc) from None
+                cause = _cause(exc)
+                if not isinstance(cause, ConfigurationReplaced):
+                    raise cause from None
+                await self._check_generation()  # raises if this gateway is the replaced one
+                last = cause  # a host of the replaced generation not yet told to drain: a moment
+                self._routes.pop(conversation_id, None)
             except (RayActorError, _HostGone) as exc:  # the host (or the Directory) died: re-place, retry
                 if link is not None:
                     await self._host_failed(link)
@@ -302,6 +325,22 @@ class RayBackend:
                 raise RuntimeError(f"no host could take conversation {conversation_id}") from last
             await asyncio.sleep(delay)
             delay = min(delay * 2, RETRY_MAX_S)
+
+    async def _check_generation(self) -> None:
+        """Raise ConfigurationReplaced if a newer generation replaced this gateway's; tell `on_replaced` once."""
+        if self._replaced is None:
+            try:
+                await self._directory.check.remote(self.config.generation)
+                return
+            except RayTaskError as exc:
+                cause = _cause(exc)
+                if not isinstance(cause, ConfigurationReplaced):
+                    raise cause from None
+                self._replaced = cause
+                log.error("%s: this gateway stops serving", cause)
+                if self.on_replaced is not None:
+                    self.on_replaced(cause)
+        raise self._replaced
 
     def _watch_lock(self, conversation_id: str) -> asyncio.Lock:
         """Watch and unwatch of one conversation run one at a time, so a subscription that ends
@@ -314,7 +353,8 @@ class RayBackend:
 
     async def _watch_host(self, conversation_id: str) -> None:
         async def watch(link: _HostLink) -> None:
-            incarnation = await link.handle.watch.remote(self.gateway_id, conversation_id)
+            incarnation = await link.handle.watch.remote(self.gateway_id, conversation_id,
+                                                         generation=self.config.generation)
             if self._links.get(link.name) is not link:
                 # The link failed while this watch ran: its failover re-watched what it knew of, not
                 # this conversation. Watch again, through the current link.
@@ -378,13 +418,26 @@ class RayBackend:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def _deliver(self, batch: Sequence[Event]) -> None:
+    def _deliver(self, batch: Sequence[Event | Relocated]) -> None:
         by_conversation: dict[str, list[Event]] = {}
         for event in batch:
+            if isinstance(event, Relocated):
+                self._relocated(event.conversation_id)
+                continue
             by_conversation.setdefault(event.conversation_id, []).append(event)
         for cid, events in by_conversation.items():
             for listener in list(self._listeners.get(cid, ())):
                 listener(events)
+
+    def _relocated(self, conversation_id: str) -> None:
+        """A draining host passivated the conversation (docs/design.md#generations): watch it where
+        it activates now; the re-watch ends with a look in the store, so nothing is missed."""
+        name = self._routes.pop(conversation_id, None)
+        link = self._links.get(name) if name else None
+        if link is not None:
+            link.watched.discard(conversation_id)
+        if conversation_id in self._listeners:
+            self._spawn(self._rewatch(conversation_id))
 
     def _deliver_hint(self, conversation_id: str) -> None:
         for listener in list(self._listeners.get(conversation_id, ())):

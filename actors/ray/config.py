@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from actors.profile import AgentProfile
 from actors.quotas import QuotaLimits
+from actors.ray import generation as generations
 from actors.tools.registry import ToolRegistry
 
 
@@ -43,3 +45,15 @@ class RayConfig:
             raise ValueError(f"hosts must be at least 1, not {self.hosts}")
         if self.local_cpus < 1:
             raise ValueError(f"local_cpus must be at least 1, not {self.local_cpus}")
+
+    # What the hosts serve, named by its content (docs/design.md#generations). Computed once, where
+    # the config is built (the gateway), and pickled with it: every host reads the gateway's value.
+    @cached_property
+    def sections(self) -> dict[str, str]:
+        runtime = (self.idle_ttl_s, sorted(self.quotas.values.items()),
+                   self.tool_max_concurrency_per_conversation, self.tool_max_concurrency_global)
+        return generations.sections(self.store_url, self.registry, self.profiles, self.scripts, runtime)
+
+    @cached_property
+    def generation(self) -> str:
+        return generations.generation_of(self.sections)

@@ -14,6 +14,13 @@ over: a live host reads in the store which of them had work in flight (a turn ru
 messages queued), and those are placed and activated at once — activation runs recovery, which
 resumes the turn. Idle ones are placed by their next frame. No gateway and no client frame is
 needed, so a turn nobody watches resumes too.
+
+Generations (docs/design.md#generations): the Directory knows the current configuration
+generation. A gateway bringing a new one makes it current: its hosts and tool pool start under
+names of their own, and the old generation's hosts drain — they finish what runs, passivate, tell
+their watchers where to look, and are retired once empty. A gateway bringing a generation already
+replaced is refused. Placement is one table across generations, so a conversation is never active
+in two.
 """
 
 from __future__ import annotations
@@ -22,16 +29,26 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from typing import Any
 
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
+from actors.hosting.backend import ConfigurationReplaced
 from actors.hosting.placement import NoLiveHost, PlacementTable
+from actors.ray import generation as generations
 from actors.ray.config import RayConfig
 from actors.ray.host import ConversationHost, Registration
-from actors.ray.names import NAMESPACE, dedicated_host, is_dedicated, sharded_host, sharded_index
+from actors.ray.names import (
+    NAMESPACE,
+    dedicated_host,
+    generation_of,
+    is_dedicated,
+    sharded_host,
+    sharded_index,
+    tool_pool,
+)
 
 log = logging.getLogger("reactgate.ray.directory")
 
@@ -51,7 +68,8 @@ class Directory:
         self.table = PlacementTable()
         self.incarnations: dict[str, str] = {}
         self.handles: dict[str, Any] = {}           # host name → the handle of its registered incarnation
-        self._config: RayConfig | None = None       # what replacements are built from (ensure_hosts gives it)
+        self._config: RayConfig | None = None       # the current generation's: what hosts are built from
+        self._replaced: dict[str, str] = {}         # generation → the one that replaced it (never current again)
         self._hosts_wanted = 0
         self._orphans: dict[str, str] = {}          # conversation → the dead host it was assigned to
         self._handing_over: asyncio.Task[None] | None = None
@@ -74,7 +92,11 @@ class Directory:
             self._died(name, known)
         self.incarnations[name] = incarnation
         self.handles[name] = handle
-        self.table.add_host(name, dedicated=is_dedicated(name))
+        if self._is_replaced(name):
+            self.table.drain(name)  # e.g. re-registering with a restarted Directory: still draining
+            handle.drain.remote()
+        else:
+            self.table.add_host(name, dedicated=is_dedicated(name))
         self._spawn(self._lifeline(name, incarnation, handle))
         self._joined.set()
         if self._orphans:
@@ -90,10 +112,10 @@ class Directory:
                 if self.table.claim(cid, name, dedicated=is_dedicated(name)) != name]
 
     async def configure(self, config: RayConfig) -> None:
-        """A host gives a restarted Directory the configuration replacements are built from."""
+        """A host of the current generation gives a restarted Directory the configuration
+        replacements are built from (a draining host never does)."""
         if self._config is None:
-            self._config = config
-            self._hosts_wanted = max(self._hosts_wanted, config.hosts)
+            self._make_current(config)
 
     async def host_failed(self, name: str, incarnation: str) -> None:
         """A gateway could not reach a host. Believed only once the host does not answer either:
@@ -137,8 +159,9 @@ class Directory:
         if self._orphans:
             self._hand_over_soon()
         index = sharded_index(name)
-        if index is not None and index < self._hosts_wanted:
+        if index is not None and index < self._hosts_wanted and not self._is_replaced(name):
             self._spawn(self._replace(name))
+        self._close_generation_if_empty(generation_of(name))
 
     async def _replace(self, name: str) -> None:
         """Start a new process for a dead sharded host. Its name may stay taken for a moment after
@@ -246,7 +269,10 @@ class Directory:
 
     # -- placement ---------------------------------------------------------------------------------------
 
-    async def place(self, conversation_id: str) -> str:
+    async def place(self, conversation_id: str, generation: str | None = None) -> str:
+        """The conversation's host; a gateway of a replaced generation is refused (ConfigurationReplaced)."""
+        if generation is not None:
+            self._refuse_replaced(generation)
         return self.table.place(conversation_id)
 
     async def claim(self, conversation_id: str, host: str) -> str:
@@ -269,13 +295,68 @@ class Directory:
         """For operators, tests and benches: conversations resumed by a hand-over, and still waiting."""
         return {"resumed": self._resumed, "orphans": len(self._orphans)}
 
-    async def ensure_hosts(self, count: int, config: RayConfig) -> list[str]:
-        """Create the named sharded hosts that do not exist yet (only the Directory creates them)."""
+    # -- generations -------------------------------------------------------------------------------------
+
+    async def generation(self) -> str | None:
+        return self._config.generation if self._config is not None else None
+
+    async def check(self, generation: str, sections: Mapping[str, str] | None = None) -> None:
+        """Raises ConfigurationReplaced if a gateway of `generation` may no longer serve; given its
+        `sections`, the message names what differs from the current configuration."""
+        self._refuse_replaced(generation, sections)
+
+    def _refuse_replaced(self, generation: str, sections: Mapping[str, str] | None = None) -> None:
+        if generation in self._replaced:
+            current = self._config
+            changed = generations.differences(sections, current.sections) if sections and current else []
+            raise ConfigurationReplaced(generation, current.generation if current else None, changed)
+
+    def _is_replaced(self, host: str) -> bool:
+        generation = generation_of(host)
+        return self._config is not None and generation is not None and generation != self._config.generation
+
+    def _make_current(self, config: RayConfig) -> None:
+        """Make `config`'s generation current; the one it replaces drains."""
+        current = self._config
+        if current is not None and current.generation == config.generation:
+            return
+        self._refuse_replaced(config.generation)
         self._config = config
+        self._hosts_wanted = config.hosts
+        if current is None:
+            for name, handle in self.handles.items():  # a restarted Directory: hosts it met before
+                if self._is_replaced(name):
+                    self.table.drain(name)
+                    handle.drain.remote()
+            return
+        self._replaced[current.generation] = config.generation
+        changed = generations.differences(config.sections, current.sections)
+        log.warning("configuration generation %s replaces %s (changed: %s); draining %s's hosts",
+                    config.generation, current.generation, ", ".join(changed) or "nothing", current.generation)
+        for name, handle in list(self.handles.items()):
+            if generation_of(name) == current.generation:
+                self.table.drain(name)
+                handle.drain.remote()
+        self._close_generation_if_empty(current.generation)
+
+    def _close_generation_if_empty(self, generation: str | None) -> None:
+        """A replaced generation's tool pool goes once the last of its hosts has."""
+        if generation is None or generation not in self._replaced:
+            return
+        if any(generation_of(name) == generation for name in self.incarnations):
+            return
+        with contextlib.suppress(ValueError):
+            ray.kill(ray.get_actor(tool_pool(generation), namespace=NAMESPACE))
+            log.info("generation %s has no host left: its tool pool is gone", generation)
+
+    async def ensure_hosts(self, count: int, config: RayConfig) -> list[str]:
+        """Create the named sharded hosts of `config`'s generation that do not exist yet (only the
+        Directory creates them). A new generation becomes current; a replaced one is refused."""
+        self._make_current(config)
         self._hosts_wanted = max(self._hosts_wanted, count)
         names = []
         for i in range(count):
-            name = sharded_host(i)
+            name = sharded_host(config.generation, i)
             names.append(name)
             if name in self.incarnations:
                 continue
@@ -287,12 +368,14 @@ class Directory:
 
     async def ensure_dedicated(self, conversation_id: str, config: RayConfig) -> str:
         """`placement = "dedicated"`: one named actor for this conversation, created once."""
-        if self._config is None:
-            self._config = config
+        self._make_current(config)
         return self._ensure_dedicated(conversation_id, config)
 
     def _ensure_dedicated(self, conversation_id: str, config: RayConfig) -> str:
-        name = dedicated_host(conversation_id)
+        holder = self.table.assigned.get(conversation_id)
+        if holder is not None and self.table.alive(holder) and holder in self.table.draining:
+            return holder  # the old generation's host finishes its turn; the next activation comes here
+        name = dedicated_host(config.generation, conversation_id)
         if name not in self.incarnations:
             try:
                 ray.get_actor(name, namespace=NAMESPACE)
@@ -302,11 +385,13 @@ class Directory:
         return name
 
     async def retire(self, name: str) -> None:
-        """A dedicated host whose conversation was passivated: its process goes away (~92 MB)."""
-        if not is_dedicated(name):
+        """A dedicated host whose conversation was passivated, or a drained host of a replaced
+        generation: its process goes away (~92 MB)."""
+        if not is_dedicated(name) and name not in self.table.draining:
             return
         self.table.host_failed(name)
         self.incarnations.pop(name, None)  # first: its lifeline's failure is then no death to handle
         self.handles.pop(name, None)
         with contextlib.suppress(ValueError):
             ray.kill(ray.get_actor(name, namespace=NAMESPACE))
+        self._close_generation_if_empty(generation_of(name))

@@ -4,7 +4,10 @@ What the shell adds is what only Ray has: a named process every gateway finds, t
 activation at the Directory (docs/design.md#placement), delivery to each gateway in batches —
 one outbox per gateway, drained by that gateway's long poll (docs/design.md#delivery) — and its
 part in host death (docs/design.md#host-death): a lifeline the Directory holds, and the adoption
-of a dead host's conversations that had a turn in flight.
+of a dead host's conversations that had a turn in flight. And its part in generations
+(docs/design.md#generations): a host serves one configuration generation; once a newer one is
+current it drains — passivates each conversation when no turn runs there, tells the gateways
+watching it to watch it on its new host (`Relocated`), and is retired once it holds nothing.
 Everything it needs arrives in its `RayConfig`: the store URL, the profiles, the scripts, the tool
 registry; it reads nothing from its process environment.
 """
@@ -25,12 +28,12 @@ from typing import Any
 import ray
 
 from actors.conversation import Runtime
-from actors.hosting.backend import Command
+from actors.hosting.backend import Command, ConfigurationReplaced
 from actors.hosting.host import HostCore
 from actors.llm.scripts import register_script
 from actors.llm.stream import stream_model, warm_up
 from actors.ray.config import RayConfig
-from actors.ray.names import DIRECTORY_NAME, NAMESPACE, TOOL_POOL_NAME, is_dedicated
+from actors.ray.names import DIRECTORY_NAME, NAMESPACE, is_dedicated, tool_pool
 from actors.ray.tool_pool import ToolPoolClient
 from actors.store import store_from_url
 from protocol.events import Event
@@ -41,6 +44,7 @@ GATEWAY_TIMEOUT_S = 60.0     # a gateway that has not polled for this long is pr
 HEARTBEAT_S = 5.0            # re-registration: a restarted Directory starts empty
 ADOPT_CONCURRENCY = 16       # activations at once when adopting a dead host's conversations
 
+DRAIN_CHECK_S = 0.2          # a draining host passivates a conversation this soon after its turn ends
 
 @dataclass(frozen=True)
 class Registration:
@@ -51,6 +55,14 @@ class Registration:
 
 
 class WrongHost(Exception):
+@dataclass(frozen=True)
+class Relocated:
+    """In a gateway's poll batch, among the events: this host passivated the conversation while
+    draining, and will not publish its events again. Watch it wherever it activates next."""
+
+    conversation_id: str
+
+
     """Another live host holds this conversation's activation; route there."""
 
     def __init__(self, holder: str) -> None:
@@ -74,7 +86,7 @@ class ConversationHost:
         self.config = config
         self._core: HostCore | None = None
         self._starting: asyncio.Lock | None = None
-        self._outboxes: dict[str, list[Event]] = {}
+        self._outboxes: dict[str, list[Event | Relocated]] = {}
         self._wakeups: dict[str, asyncio.Event] = {}
         self._watches: dict[tuple[str, str], Callable[[], None]] = {}  # (gateway, conversation) → unsubscribe
         self._last_poll: dict[str, float] = {}
@@ -95,7 +107,7 @@ class ConversationHost:
                 store = store_from_url(self.config.store_url)
                 await store.open()
                 await warm_up()
-                pool = ray.get_actor(TOOL_POOL_NAME, namespace=NAMESPACE)
+                pool = ray.get_actor(tool_pool(self.generation), namespace=NAMESPACE)
                 runtime = Runtime(registry=self.config.registry, tools=ToolPoolClient(pool), stream_model=stream_model,
                                   quotas=self.config.quotas)
                 core = HostCore(
@@ -131,7 +143,7 @@ class ConversationHost:
                 return
             with contextlib.suppress(Exception):
                 registration = await self._directory.register_host.remote(self.name, self.incarnation, self._handle)
-                if registration.wants_config:
+                if registration.wants_config and not self._draining:
                     await self._directory.configure.remote(self.config)
                 if not registration.known and self._core is not None and self._core.active_ids:
                     taken = await self._directory.reclaim.remote(self.name, self.incarnation, self._core.active_ids)
@@ -151,6 +163,13 @@ class ConversationHost:
 
     async def lifeline(self) -> None:
         """Never answers. The Directory holds this call open; Ray fails it when this process dies,
+    def _serves(self, generation: str | None) -> None:
+        """A gateway of another generation is refused — unless this host drains: then a newer
+        gateway may still watch and drive what finishes here. Never two configurations writing
+        one conversation."""
+        if generation is not None and generation != self.generation and not self._draining:
+            raise ConfigurationReplaced(generation, self.generation)
+
         which is how the Directory learns of the death at once (docs/design.md#host-death)."""
         self._start_heartbeat()
         await asyncio.get_running_loop().create_future()
@@ -183,24 +202,56 @@ class ConversationHost:
         """Open the store and load LiteLLM now, so no conversation's first turn pays for it."""
         await self._ready()
         return self.name
+    async def drain(self) -> None:
+        """A newer generation is current: hand every conversation over as soon as no turn runs in it."""
+        if not self._draining:
+            self._draining = True
+            log.info("%s: generation %s replaced: draining", self.name, self.generation)
+            asyncio.get_running_loop().create_task(self._drain())
 
-    async def command(self, conversation_id: str, command: Command) -> str:
+    async def _drain(self) -> None:
+        core = await self._ready()
+        while True:
+            for cid in core.active_ids:
+                try:
+                    if await core.passivate(cid):
+                        self._relocated(cid)
+                except Exception:
+                    log.exception("%s: passivating %s while draining failed", self.name, cid)
+            if not core.active_ids:
+                await self._directory.retire.remote(self.name)  # ends this process
+                return
+            await asyncio.sleep(DRAIN_CHECK_S)
+
+    def _relocated(self, conversation_id: str) -> None:
+        for gateway, cid in [key for key in self._watches if key[1] == conversation_id]:
+            self._watches.pop((gateway, cid))()
+            box = self._outboxes.get(gateway)
+            if box is not None:
+                box.append(Relocated(cid))
+                self._wakeups[gateway].set()
+
+
+    async def command(self, conversation_id: str, command: Command, *, generation: str | None = None) -> str:
+        self._serves(generation)
         core = await self._ready()
         return str(await core.command(conversation_id, command))
 
-    async def delete(self, conversation_id: str, request_key: str) -> str:
+    async def delete(self, conversation_id: str, request_key: str, *, generation: str | None = None) -> str:
         """Stop the conversation, delete it from the store, tell its watchers, release its claim
         (docs/design.md#deletion). Claims it first: a host that does not hold it answers WrongHost."""
         core = await self._ready()
         return str(await core.delete(conversation_id, request_key))
 
-    async def watch(self, gateway_id: str, conversation_id: str) -> str:
+    async def watch(self, gateway_id: str, conversation_id: str, *, generation: str | None = None) -> str:
+        self._serves(generation)
         """Deliver this conversation's live events to `gateway_id`; activates it (so a conversation
         whose host died resumes on its new host as soon as a gateway watches it)."""
         core = await self._ready()
         key = (gateway_id, conversation_id)
         self._outboxes.setdefault(gateway_id, [])
         self._wakeups.setdefault(gateway_id, asyncio.Event())
+        self._serves(generation)
         self._last_poll.setdefault(gateway_id, time.monotonic())
         if key not in self._watches:
             def deliver(batch: Sequence[Event], gateway: str = gateway_id) -> None:
@@ -212,7 +263,8 @@ class ConversationHost:
         await core.activate(conversation_id)
         return self.incarnation
 
-    async def activate(self, conversation_id: str) -> int:
+    async def activate(self, conversation_id: str, *, generation: str | None = None) -> int:
+        self._serves(generation)
         core = await self._ready()
         return int(await core.activate(conversation_id))
 
@@ -221,7 +273,7 @@ class ConversationHost:
         if unsubscribe is not None:
             unsubscribe()
 
-    async def poll(self, gateway_id: str, timeout_s: float = 1.0) -> list[Event]:
+    async def poll(self, gateway_id: str, timeout_s: float = 1.0) -> list[Event | Relocated]:
         """One batch of everything pending for a gateway: one call per batch, never per delta."""
         self._last_poll[gateway_id] = time.monotonic()
         wake = self._wakeups.setdefault(gateway_id, asyncio.Event())
@@ -233,7 +285,8 @@ class ConversationHost:
         batch, self._outboxes[gateway_id] = self._outboxes.get(gateway_id, []), []
         return batch
 
-    async def idle(self, conversation_id: str) -> None:
+    async def idle(self, conversation_id: str, *, generation: str | None = None) -> None:
+        self._serves(generation)
         core = await self._ready()
         await core.idle(conversation_id)
 
@@ -247,7 +300,8 @@ class ConversationHost:
 
     async def stats(self) -> dict[str, Any]:
         core = await self._ready()
-        return {"name": self.name, "pid": os.getpid(), **core.describe(), "active_ids": core.active_ids}
+        return {"name": self.name, "pid": os.getpid(), "generation": self.generation, "draining": self._draining,
+                **core.describe(), "active_ids": core.active_ids}
 
     async def shutdown(self) -> None:
         if self._core is not None:

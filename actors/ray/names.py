@@ -9,22 +9,38 @@ from typing import Any
 import ray
 
 NAMESPACE = "reactgate"
-DIRECTORY_NAME = "reactgate-directory"
-TOOL_POOL_NAME = "reactgate-toolpool"
-HOST_PREFIX = "reactgate-host-"         # sharded hosts, reactgate-host-<i>
-DEDICATED_PREFIX = "reactgate-conv-"    # one host per conversation, reactgate-conv-<conversation id>
+DIRECTORY_NAME = "reactgate-directory"   # one per cluster, across generations: single activation needs one authority
+TOOL_POOL_PREFIX = "reactgate-toolpool-" # one per generation, reactgate-toolpool-<generation>
+HOST_PREFIX = "reactgate-host-"          # sharded hosts, reactgate-host-<generation>-<i>
+DEDICATED_PREFIX = "reactgate-conv-"     # one host per conversation, reactgate-conv-<generation>-<conversation id>
+
+# Every host and tool pool name carries its configuration generation (docs/design.md#generations):
+# a gateway with a new configuration starts actors of its own, and never finds an old one by name.
 
 
-def sharded_host(index: int) -> str:
-    return f"{HOST_PREFIX}{index}"
+def tool_pool(generation: str) -> str:
+    return f"{TOOL_POOL_PREFIX}{generation}"
 
 
-def dedicated_host(conversation_id: str) -> str:
-    return f"{DEDICATED_PREFIX}{conversation_id}"
+def sharded_host(generation: str, index: int) -> str:
+    return f"{HOST_PREFIX}{generation}-{index}"
+
+
+def dedicated_host(generation: str, conversation_id: str) -> str:
+    return f"{DEDICATED_PREFIX}{generation}-{conversation_id}"
 
 
 def is_dedicated(host: str) -> bool:
     return host.startswith(DEDICATED_PREFIX)
+
+
+def generation_of(host: str) -> str | None:
+    """The generation in a host's name; None for a name that is not a host's."""
+    for prefix in (HOST_PREFIX, DEDICATED_PREFIX):
+        if host.startswith(prefix):
+            generation, sep, _ = host[len(prefix):].partition("-")
+            return generation if sep else None
+    return None
 
 
 def get_or_create(actor_cls: Any, name: str, *args: Any, **options: Any) -> Any:
@@ -42,8 +58,8 @@ def get_or_create(actor_cls: Any, name: str, *args: Any, **options: Any) -> Any:
 
 
 def sharded_index(host: str) -> int | None:
-    """`i` of `reactgate-host-<i>`; None for any other name."""
+    """`i` of `reactgate-host-<generation>-<i>`; None for any other name."""
     if not host.startswith(HOST_PREFIX):
         return None
-    suffix = host[len(HOST_PREFIX):]
+    suffix = host[len(HOST_PREFIX):].rpartition("-")[2]
     return int(suffix) if suffix.isdigit() else None
