@@ -1,6 +1,7 @@
-"""The scripted model (docs/design.md#scripted-model): the script format, and the LiteLLM custom provider playing it.
+"""The scripted model (docs/design.md#scripted-model): the script format, its playback, and the LiteLLM custom provider playing it.
 
 Provider tests go through `litellm.acompletion(stream=True)` — the real LiteLLM streaming path.
+`stream_model`'s direct player, and its equivalence with the provider, are tested in test_llm_stream.py.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from actors.llm import scripts
 from actors.llm.scripts import (
     CALL_INDEX_HEADER,
     CONVERSATION_HEADER,
@@ -19,12 +21,15 @@ from actors.llm.scripts import (
     SCRIPT_EXHAUSTED,
     ErrorKind,
     Round,
+    RoundFailed,
     Script,
     ScriptError,
     get_script,
     load_script,
+    open_playbacks,
     parse_script,
     register_script,
+    round_to_play,
 )
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -180,6 +185,44 @@ def test_demo_script_speaks_the_decision_protocol() -> None:
     assert actions[1].final_answer.count(".") >= 2  # a couple of sentences, so streaming is visible
 
 
+# -- playback, shared by both in-process players ------------------------------------------------
+
+
+def test_a_round_to_play_fails_as_a_provider_would() -> None:
+    register_script("t-once", Script(rounds=[Round(text="a")]))
+    assert round_to_play("t-once", 0, MESSAGES).text == "a"
+    with pytest.raises(RoundFailed) as err:
+        round_to_play("t-once", 1, MESSAGES)
+    assert (err.value.error, err.value.kind) == (ErrorKind.BAD_REQUEST, SCRIPT_EXHAUSTED)
+    with pytest.raises(RoundFailed) as err:
+        round_to_play("t-nobody", 0, MESSAGES)
+    assert (err.value.error, err.value.kind) == (ErrorKind.NOT_FOUND, "not_found")
+
+
+async def test_play_streams_the_chunks_then_the_error() -> None:
+    got: list[str] = []
+    with pytest.raises(RoundFailed) as err:
+        async for text in scripts.play(Round(deltas=["a", "", "b"], error=ErrorKind.RATE_LIMIT), read_timeout_s=None):
+            got.append(text)
+    assert got == ["a", "", "b"]  # empty deltas too: skipping them is the reader's business
+    assert (err.value.kind, err.value.message) == ("rate_limit", "scripted rate_limit")
+
+
+async def test_a_hang_before_the_first_delta_is_not_cut_by_the_idle_timeout() -> None:
+    import asyncio
+
+    playing = open_playbacks()
+    texts = scripts.play(Round(deltas=["", "b"], hang_after=1), read_timeout_s=None, idle_timeout_s=0.01)
+    assert await anext(texts) == ""
+    waiting = asyncio.ensure_future(anext(texts))
+    done, _ = await asyncio.wait([waiting], timeout=0.2)
+    assert not done  # nothing shown yet: only the read timeout, a cancel or the process's end stop it
+    waiting.cancel()  # a cancel ends it, and the playback with it
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert open_playbacks() == playing
+
+
 # -- the provider, through LiteLLM -------------------------------------------------------------
 
 
@@ -271,18 +314,17 @@ async def test_unknown_script_is_a_not_found_provider_error(litellm: Any) -> Non
 
 
 async def test_closing_the_stream_early_closes_the_provider_generator(litellm: Any) -> None:
-    from actors.llm.scripted import provider
-
     model = register_script("t-close", Script(rounds=[Round(text="x" * 4000, chunk_chars=1)]))
+    playing = open_playbacks()
     stream = await litellm.acompletion(model=model, messages=MESSAGES, stream=True, extra_headers=headers(0))
     got = 0
     async for chunk in stream:
         got += bool(chunk.choices[0].delta.content)
         if got == 3:
             break
-    assert provider().open_streams == 1  # suspended mid-round
+    assert open_playbacks() == playing + 1  # suspended mid-round
     await stream.aclose()
-    assert provider().open_streams == 0  # its generator ran its `finally`: generation stopped
+    assert open_playbacks() == playing  # its generator ran its `finally`: generation stopped
 
 
 async def test_read_timeout_shorter_than_the_delay_is_a_timeout(litellm: Any) -> None:

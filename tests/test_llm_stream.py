@@ -1,15 +1,23 @@
-"""`stream_model` — the single entry for model calls: deltas, provider fallback, errors (docs/design.md#continuation)."""
+"""`stream_model` — the single entry for model calls: deltas, provider fallback, errors (docs/design.md#continuation).
+
+Scripted models are played two ways (docs/design.md#scripted-model): directly by `stream_model` (the
+default) and through LiteLLM's custom provider (`stream_reader = "litellm"`). The tests marked
+"both readers" run on each; the equivalence tests check the two give the same items and errors.
+"""
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import aclosing
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from actors.llm.scripts import ErrorKind, Round, Script, register_script
+from actors.llm.errors import Usage
+from actors.llm.scripts import ErrorKind, Round, RoundUsage, Script, open_playbacks, register_script
 from actors.llm.stream import (
     LEAN_SETTINGS,
     ModelDelta,
@@ -18,6 +26,7 @@ from actors.llm.stream import (
     ProviderError,
     StreamItem,
     litellm_module,
+    plays_directly,
     stream_model,
 )
 
@@ -43,6 +52,36 @@ async def collect(models: list[str], counter: Callable[[], int] | None = None, *
             models, MESSAGES, conversation_id="conv", next_call_index=counter or Counter(), **kw
         )
     ]
+
+
+READERS = ("direct", "litellm")
+
+
+def reader_settings(reader: str, *models: str, **own: Any) -> dict[str, dict[str, Any]]:
+    """Model settings that make `models` play through `reader` (plus `own` settings for each)."""
+    chosen = {"stream_reader": "litellm"} if reader == "litellm" else {}
+    return {model: {**chosen, **own} for model in models}
+
+
+ErrorSeen = tuple[str, str, bool]   # a ProviderError's kind, message and after_first_delta
+
+
+async def outcome(models: list[str], reader: str, messages: list[dict[str, Any]] = MESSAGES, *, start: int = 0,
+                  own: Mapping[str, Any] | None = None, **kw: Any) -> tuple[list[StreamItem], ErrorSeen | None]:
+    """Everything a caller of `stream_model` sees with `reader`: the items, then the error if any."""
+    items: list[StreamItem] = []
+    try:
+        async for item in stream_model(models, messages, conversation_id="conv", next_call_index=Counter(start),
+                                       settings=reader_settings(reader, *models, **(own or {})), **kw):
+            items.append(item)
+    except ProviderError as exc:
+        assert exc.model in models
+        return items, (exc.kind, exc.message, exc.after_first_delta)
+    return items, None
+
+
+async def both(models: list[str], messages: list[dict[str, Any]] = MESSAGES, **kw: Any) -> tuple[Any, Any]:
+    return await outcome(models, "direct", messages, **kw), await outcome(models, "litellm", messages, **kw)
 
 
 def texts(items: list[StreamItem]) -> str:
@@ -99,9 +138,11 @@ async def test_error_after_first_delta_raises_without_fallback() -> None:
     assert counter.calls == 1  # the backup was never called: salvage is the caller's
 
 
-async def test_150_identical_deltas_pass() -> None:
+@pytest.mark.parametrize("reader", READERS)
+async def test_150_identical_deltas_pass(reader: str) -> None:
     model = register_script("s-same", Script(rounds=[Round(deltas=["same"] * 150)]))
-    items = await collect([model])
+    items, error = await outcome([model], reader)
+    assert error is None
     assert items[:-1] == [ModelDelta("same")] * 150
     assert items[-1] == ModelFinished("stop", model)
 
@@ -112,32 +153,35 @@ async def test_litellm_repetition_guard_would_fire_without_the_lean_limit(monkey
     assert LEAN_SETTINGS["REPEATED_STREAMING_CHUNK_LIMIT"] == litellm.REPEATED_STREAMING_CHUNK_LIMIT
     monkeypatch.setattr(litellm, "REPEATED_STREAMING_CHUNK_LIMIT", 100)
     model = register_script("s-same-default", Script(rounds=[Round(deltas=["same"] * 150)]))
-    with pytest.raises(ProviderError) as err:
-        await collect([model])
-    assert err.value.after_first_delta is True
-    assert "repeating the same chunk" in err.value.message
+    _, error = await outcome([model], "litellm")
+    assert error is not None
+    assert error[2] is True
+    assert "repeating the same chunk" in error[1]
 
 
-async def test_closing_early_closes_the_litellm_stream_and_the_provider() -> None:
-    from actors.llm.scripted import provider
-
+@pytest.mark.parametrize("reader", READERS)
+async def test_closing_early_stops_the_playback(reader: str) -> None:
     model = register_script("s-abort", Script(rounds=[Round(text="y" * 5000, chunk_chars=1)]))
     got = []
-    async with aclosing(stream_model([model], MESSAGES, conversation_id="c", next_call_index=Counter())) as gen:
+    playing = open_playbacks()
+    async with aclosing(stream_model([model], MESSAGES, conversation_id="c", next_call_index=Counter(),
+                                     settings=reader_settings(reader, model))) as gen:
         async for item in gen:
             got.append(item)
             if len(got) == 3:
-                assert provider().open_streams == 1
+                assert open_playbacks() == playing + 1
                 break
-    assert provider().open_streams == 0  # the prefix policy's abort really stops the generation
+    assert open_playbacks() == playing  # the prefix policy's abort really stops the generation
     assert got == [ModelDelta("y")] * 3
 
 
-async def test_timeout_before_first_delta_falls_back() -> None:
+@pytest.mark.parametrize("reader", READERS)
+async def test_timeout_before_first_delta_falls_back(reader: str) -> None:
     slow = register_script("s-slow", Script(rounds=[Round(deltas=["late"], delay_ms=5000)]))
     fast = register_script("s-fast", Script(rounds=[Round(text="x"), Round(text="in time")]))
-    items = await collect([slow, fast], timeout_s=0.05)
-    assert isinstance(items[0], ModelFallback) and items[0].error.startswith("timeout")
+    items, error = await outcome([slow, fast], reader, timeout_s=0.05)
+    assert error is None
+    assert isinstance(items[0], ModelFallback) and items[0].error == "timeout: no chunk within 0.05 s"
     assert texts(items) == "in time"
 
 
@@ -158,3 +202,143 @@ def test_lean_settings_are_applied_once_litellm_is_loaded() -> None:
     for key, value in LEAN_SETTINGS.items():
         assert getattr(litellm, key) == value, key
     assert litellm.disable_token_counter is False  # context assembly counts tokens with LiteLLM
+
+
+# -- the direct player and LiteLLM's custom provider, side by side --------------------------------
+
+
+def test_scripted_models_are_played_directly_unless_their_settings_ask_for_litellm() -> None:
+    assert plays_directly("scripted/demo", {})
+    assert plays_directly("scripted/demo", {"stream_reader": "fast", "temperature": 0.2})
+    assert not plays_directly("scripted/demo", {"stream_reader": "litellm"})
+    assert not plays_directly("openai/gpt-4o", {})
+
+
+@pytest.mark.parametrize("reader", READERS)
+async def test_only_the_litellm_reader_calls_litellm(reader: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("LiteLLM was called")
+
+    monkeypatch.setattr(litellm_module(), "acompletion", refuse)
+    model = register_script("s-who", Script(rounds=[Round(text="hi")]))
+    items, error = await outcome([model], reader)
+    if reader == "direct":
+        assert (items, error) == ([ModelDelta("hi"), ModelFinished("stop", model)], None)
+    else:
+        assert error is not None and "LiteLLM was called" in error[1]
+
+
+chunking = st.one_of(
+    st.builds(lambda deltas: {"deltas": deltas}, st.lists(st.text(max_size=6), min_size=1, max_size=12)),
+    st.builds(lambda text, n: {"text": text, "chunk_chars": n}, st.text(max_size=40), st.integers(1, 7)),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(content=chunking, finish=st.sampled_from(["stop", "length", "content_filter"]),
+       error=st.none() | st.sampled_from(list(ErrorKind)),
+       usage=st.none() | st.tuples(st.integers(0, 10_000), st.integers(0, 10_000)),
+       include_usage=st.booleans(), question=st.text(max_size=30))
+async def test_the_direct_player_streams_what_litellm_streams(
+    content: dict[str, Any], finish: str, error: ErrorKind | None, usage: tuple[int, int] | None,
+    include_usage: bool, question: str,
+) -> None:
+    given_usage = None if usage is None else RoundUsage(prompt_tokens=usage[0], completion_tokens=usage[1])
+    model = register_script("s-same-as-litellm", Script(rounds=[
+        Round(**content, finish_reason=finish, error=error, usage=given_usage)]))  # type: ignore[arg-type]
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": question}]
+    direct, lite = await both([model], messages, include_usage=include_usage)
+    assert direct == lite
+    items, seen = direct
+    assert texts(items) == "".join(Round(**content).chunks)
+    if error is not None:
+        assert seen == (error.value, f"scripted {error.value}", bool(texts(items)))
+    elif include_usage:
+        assert isinstance(items[-1], ModelFinished) and items[-1].finish_reason == finish
+        assert items[-1].usage is not None and (given_usage is None or items[-1].usage == Usage(*usage))  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("kind", list(ErrorKind))
+async def test_errors_before_the_first_delta_are_the_same_provider_errors(kind: ErrorKind) -> None:
+    model = register_script(f"s-err-{kind.value}", Script(rounds=[Round(error=kind)]))
+    direct, lite = await both([model])
+    assert direct == lite == ([], (kind.value, f"scripted {kind.value}", False))
+
+
+@pytest.mark.parametrize("kind", list(ErrorKind))
+async def test_errors_mid_stream_are_the_same_provider_errors(kind: ErrorKind) -> None:
+    model = register_script(f"s-mid-{kind.value}", Script(rounds=[Round(deltas=["ab", "cd"], error=kind)]))
+    direct, lite = await both([model])
+    assert direct == lite == ([ModelDelta("ab"), ModelDelta("cd")], (kind.value, f"scripted {kind.value}", True))
+
+
+async def test_a_length_finish_is_the_same_on_both_readers() -> None:
+    model = register_script("s-length", Script(rounds=[Round(text="cut off in the midd", finish_reason="length")]))
+    direct, lite = await both([model], include_usage=True)
+    assert direct == lite
+    assert direct[0][-1] == ModelFinished("length", model, Usage(1, 5))  # "hi": 1 token; 19 characters: 5
+
+
+async def test_a_fallback_reads_the_same_on_both_readers() -> None:
+    failing = register_script("s-fb-a", Script(rounds=[Round(error=ErrorKind.UNAVAILABLE)], loop=True))
+    backup = register_script("s-fb-b", Script(rounds=[Round(text="zero"), Round(text="from backup")]))
+    direct, lite = await both([failing, backup])
+    assert direct == lite
+    assert direct[0][0] == ModelFallback(failing, backup, "unavailable: scripted unavailable")
+    assert texts(direct[0]) == "from backup"
+
+
+async def test_unknown_and_used_up_scripts_fail_the_same_on_both_readers() -> None:
+    once = register_script("s-once-both", Script(rounds=[Round(text="once")]))
+    direct, lite = await both([once], start=1)
+    assert direct == lite == ([], ("script_exhausted", "script_exhausted: script 's-once-both' has 1 round(s), "
+                                   "no round for call 1", False))
+    direct, lite = await both(["scripted/never-registered"])
+    assert direct == lite == ([], ("not_found", "no script registered as 'never-registered' "
+                                   "(model 'scripted/never-registered')", False))
+
+
+async def test_a_continuation_request_plays_the_same_rest_on_both_readers() -> None:
+    full = "<channel:thinking>A long thought, cut.</channel:thinking>"
+    model = register_script("s-cont", Script(rounds=[Round(text=full)], loop=True, continues=True))
+    asked = [{"role": "user", "content": "x"}, {"role": "assistant", "content": full[:20]},
+             {"role": "user", "content": "[continue] go on"}]
+    direct, lite = await both([model], asked, start=1)
+    assert direct == lite
+    assert texts(direct[0]) == full[20:]
+
+
+@pytest.mark.parametrize("hang_after", [1, 2])
+async def test_a_hang_after_the_first_delta_is_cut_by_the_idle_timeout_on_both_readers(hang_after: int) -> None:
+    model = register_script(f"s-hang-{hang_after}", Script(rounds=[Round(deltas=["a", "b"], hang_after=hang_after)]))
+    direct, lite = await both([model], idle_timeout_s=0.05)
+    assert direct == lite
+    assert direct == ([ModelDelta(t) for t in "ab"[:hang_after]],
+                      ("timeout", "no chunk for 0.05 s in the middle of the response", True))
+
+
+async def test_quiet_empty_chunks_add_up_to_an_idle_cut_on_both_readers() -> None:
+    # 30 ms + 30 ms between "a" and "b" (the empty delta shows nothing): over a 50 ms idle timeout.
+    model = register_script("s-quiet", Script(rounds=[Round(deltas=["a", "", "b"], delay_ms=30)]))
+    direct, lite = await both([model], idle_timeout_s=0.05)
+    assert direct == lite == ([ModelDelta("a")], ("timeout", "no chunk for 0.05 s in the middle of the response", True))
+
+
+async def test_the_direct_player_cuts_only_on_the_scripts_own_clock() -> None:
+    # Each gap (30 ms) is within the idle timeout (50 ms): never cut, however loaded the machine.
+    model = register_script("s-steady", Script(rounds=[Round(deltas=["a", "b", "c"], delay_ms=30)]))
+    items, error = await outcome([model], "direct", idle_timeout_s=0.05)
+    assert (texts(items), error) == ("abc", None)
+
+
+async def test_the_settings_timeout_wins_over_the_callers_on_both_readers() -> None:
+    model = register_script("s-own-timeout", Script(rounds=[Round(deltas=["late"], delay_ms=300)]))
+    direct, lite = await both([model], timeout_s=10, own={"timeout": 0.05})
+    assert direct == lite == ([], ("timeout", "no chunk within 0.05 s", False))
+
+
+async def test_a_key_variable_that_is_not_set_is_auth_on_both_readers() -> None:
+    model = register_script("s-keyed", Script(rounds=[Round(text="never")]))
+    direct, lite = await both([model], own={"api_key_env": "REACTGATE_TEST_UNSET_KEY_VARIABLE"})
+    assert direct == lite
+    assert direct[1] is not None and direct[1][0] == "auth" and "REACTGATE_TEST_UNSET_KEY_VARIABLE" in direct[1][1]

@@ -1,7 +1,10 @@
 """The scripted model as a LiteLLM custom provider: `scripted/<name>` plays script <name> (docs/design.md#scripted-model).
 
-Tests and demos go through the real LiteLLM streaming path (`acompletion(stream=True)` →
-`CustomStreamWrapper`), so what they exercise is what a real provider exercises.
+`stream_model` plays scripts itself (its direct player, no LiteLLM per chunk); this provider serves
+a model whose settings say `stream_reader = "litellm"`, and any plain `litellm.acompletion` call —
+through the real LiteLLM streaming path (`acompletion(stream=True)` → `CustomStreamWrapper`), so
+tests of that path exercise what a real provider exercises. Both players pace and fail through
+`scripts.play`, and `tests/test_llm_stream.py` checks they stream the same.
 
 The provider keeps no call counter of its own: the caller sends the conversation id and the
 call index (`X-Reactgate-*` headers, see `scripts.py`) because the conversation owns the durable
@@ -15,6 +18,7 @@ pinned the local cost map).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
@@ -29,12 +33,11 @@ from actors.llm.scripts import (
     CallCounter,
     ErrorKind,
     Round,
+    RoundFailed,
     RoundUsage,
-    ScriptExhausted,
-    UnknownScript,
-    get_script,
-    hang,
+    play,
     playback_position,
+    round_to_play,
 )
 
 
@@ -72,20 +75,15 @@ class ScriptedLLM(CustomLLM):
     def __init__(self) -> None:
         super().__init__()
         self._fallback_counter = CallCounter()
-        # Generations currently running. Not playback state: it lets tests (and operators) see that
-        # closing a stream early really stopped the provider's generator.
-        self.open_streams = 0
 
     def resolve(self, model: str, headers: Mapping[str, str] | None, messages: list[Any]) -> Round:
         conversation, index = playback_position(headers)
         if index is None:
             index = self._fallback_counter.next(conversation or "")
         try:
-            return get_script(model).answer(index, messages, model)
-        except UnknownScript as exc:
-            raise provider_exception(ErrorKind.NOT_FOUND, model, str(exc)) from None
-        except ScriptExhausted as exc:
-            raise provider_exception(ErrorKind.BAD_REQUEST, model, str(exc)) from None
+            return round_to_play(model, index, messages)
+        except RoundFailed as failed:
+            raise provider_exception(failed.error, model, failed.message) from None
 
     async def astreaming(  # type: ignore[override, misc]
         self,
@@ -107,31 +105,16 @@ class ScriptedLLM(CustomLLM):
         client: Any = None,
     ) -> AsyncIterator[GenericStreamingChunk]:
         # An async generator: nothing runs until LiteLLM asks for the first chunk, so an `error`
-        # round raises before any chunk, as a failing provider does.
+        # round raises before any chunk, as a failing provider does. The idle timeout is not the
+        # provider's: `stream_model` keeps it around LiteLLM's stream.
         round_ = self.resolve(model, headers, messages)
-        read_timeout = _read_timeout(timeout)
-        delay = round_.delay_s
-        if read_timeout is not None and delay > read_timeout:
-            await asyncio.sleep(read_timeout)
-            raise provider_exception(ErrorKind.TIMEOUT, model, f"no chunk within {read_timeout:g} s")
-        self.open_streams += 1
         try:
-            for i, text in enumerate(round_.chunks):
-                if round_.hangs_before(i):
-                    await hang()
-                # sleep(0) too: like a real provider's socket, yield to the loop between chunks, so
-                # other conversations and the event log's flusher run while one streams.
-                await asyncio.sleep(delay)
-                yield _chunk(text)
-            if round_.hangs_before(len(round_.chunks)):
-                await hang()
-            if round_.error is not None:
-                if delay and not round_.chunks:
-                    await asyncio.sleep(delay)
-                raise provider_exception(round_.error, model, f"scripted {round_.error.value}")
-            yield _chunk("", round_.finish_reason, round_.reported_usage(messages))
-        finally:
-            self.open_streams -= 1
+            async with contextlib.aclosing(play(round_, read_timeout_s=_read_timeout(timeout))) as texts:
+                async for text in texts:
+                    yield _chunk(text)
+        except RoundFailed as failed:
+            raise provider_exception(failed.error, model, failed.message) from None
+        yield _chunk("", round_.finish_reason, round_.reported_usage(messages))
 
     async def acompletion(
         self,

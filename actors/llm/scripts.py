@@ -1,8 +1,10 @@
 """The scripted model's script (docs/design.md#scripted-model): what the model answers to the i-th call of a conversation.
 
-A script is data, validated once when loaded; both players — the LiteLLM custom provider
-(`scripted.py`) and the OpenAI-compatible mock endpoint (`mock_server.py`) — read the same
-`Round.chunks`, so the two paths cannot stream different deltas for the same script.
+A script is data, validated once when loaded; every player — `stream_model`'s direct player
+(`stream.py`), the LiteLLM custom provider (`scripted.py`) and the OpenAI-compatible mock endpoint
+(`mock_server.py`) — reads the same `Round.chunks`, so no two paths stream different deltas for the
+same script. The two in-process players also share one pacing (`play`) and one way to fail
+(`RoundFailed`), so they cannot drift apart in timing or errors either.
 
 Playback is stateless: the caller says which call of the conversation this is (the conversation
 keeps the durable counter, so a conversation that moved to another process after a crash goes on
@@ -13,9 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
@@ -338,3 +341,90 @@ class CallCounter:
         if len(self._next) > self._max:
             self._next.popitem(last=False)
         return index
+
+
+# -- playback: one pacing and one way to fail, for both in-process players ---------------------
+
+# A stream gone quiet after its first delta, cut by the caller's idle timeout: the words
+# `stream_model` uses for it whichever player (or reader) was silent.
+SILENCE = "no chunk for {:g} s in the middle of the response"
+
+
+class RoundFailed(Exception):
+    """A played round fails as a provider would. `error` names the exception class a LiteLLM
+    provider raises for it (ERROR_TABLE); `kind` is the provider-error kind reactgate reports —
+    `error`'s own, except a used-up script (a bad request to a provider, `script_exhausted` to us)."""
+
+    def __init__(self, error: ErrorKind, message: str, kind: str | None = None) -> None:
+        super().__init__(message)
+        self.error = error
+        self.message = message
+        self.kind = kind or error.value
+
+
+def round_to_play(name: str, call_index: int, messages: Sequence[Mapping[str, Any]]) -> Round:
+    """The round script `name` answers call `call_index` with; an unknown script is `not_found`,
+    a used-up one `script_exhausted`, as the players report them."""
+    try:
+        return get_script(name).answer(call_index, messages, name)
+    except UnknownScript as exc:
+        raise RoundFailed(ErrorKind.NOT_FOUND, str(exc)) from None
+    except ScriptExhausted as exc:
+        raise RoundFailed(ErrorKind.BAD_REQUEST, str(exc), SCRIPT_EXHAUSTED) from None
+
+
+_playing = 0
+
+
+def open_playbacks() -> int:
+    """Rounds being played in this process right now, by either player. Not playback state: it lets
+    tests (and operators) see that closing a stream early really stopped the generation."""
+    return _playing
+
+
+async def play(round_: Round, *, read_timeout_s: float | None,
+               idle_timeout_s: float | None = None) -> AsyncGenerator[str, None]:
+    """`round_`'s chunks, paced as a provider streams them; its `error` as a `RoundFailed`.
+
+    `delay_ms` before each chunk — a `sleep(0)` when 0: like a provider's socket, every chunk
+    yields to the loop, so other conversations and the event log's flusher run while one streams.
+    A delay over `read_timeout_s` fails with `timeout` before any chunk (a provider's read timeout);
+    `hang_after` goes silent for good. With `idle_timeout_s`, a silence after the first non-empty
+    chunk longer than that fails with `timeout` (`stream_model`'s idle timeout, docs/design.md#continuation),
+    decided on the script's own clock — no timer per chunk, and no cut a loaded machine invents.
+    Closing the generator stops the playback there.
+    """
+    global _playing
+    delay = round_.delay_s
+    if read_timeout_s is not None and delay > read_timeout_s:
+        await asyncio.sleep(read_timeout_s)
+        raise RoundFailed(ErrorKind.TIMEOUT, f"no chunk within {read_timeout_s:g} s")
+    chunks = round_.chunks
+    quiet: float | None = None   # script time since the last non-empty chunk; None before the first
+    _playing += 1
+    try:
+        for i, text in enumerate(chunks):
+            wait = math.inf if round_.hangs_before(i) else delay
+            if quiet is not None and idle_timeout_s is not None and quiet + wait > idle_timeout_s:
+                await _silence(quiet, idle_timeout_s)
+            if wait == math.inf:
+                await hang()
+            await asyncio.sleep(wait)
+            yield text
+            quiet = 0.0 if text else None if quiet is None else quiet + wait
+        if round_.hangs_before(len(chunks)):
+            if quiet is not None and idle_timeout_s is not None:
+                await _silence(quiet, idle_timeout_s)
+            await hang()
+        if round_.error is not None:
+            if delay and not chunks:
+                await asyncio.sleep(delay)
+            raise RoundFailed(round_.error, f"scripted {round_.error.value}")
+    finally:
+        _playing -= 1
+
+
+async def _silence(quiet: float, idle_timeout_s: float) -> None:
+    """The rest of the idle timeout, then the cut."""
+    await asyncio.sleep(max(0.0, idle_timeout_s - quiet))
+    raise RoundFailed(ErrorKind.TIMEOUT, SILENCE.format(idle_timeout_s))

@@ -1,10 +1,16 @@
 """The single entry for every model call: ordered models, provider fallback, raw deltas out.
 
 `stream_model` is the async iterator of model deltas the round engine consumes (docs/design.md#overview): it
-yields `ModelDelta`s as LiteLLM streams them, a `ModelFallback` when a provider fails before its
+yields `ModelDelta`s as the model streams them, a `ModelFallback` when a provider fails before its
 first delta and the next model takes over (docs/design.md#fallback), and a final `ModelFinished`. An error
 after the first delta is raised, never fallen back from: the user may already have seen part of
 the answer, and salvage is the round's decision, made from its gates' counters.
+
+Three readers serve an attempt, all yielding the same items and the same `ProviderError` kinds:
+the fast path (`fast.py`) for the providers it reads, the direct player for `scripted/<name>`
+(`_play_scripted`, docs/design.md#scripted-model: load tests and benches then measure reactgate, not
+LiteLLM's per-chunk wrapper), and LiteLLM's own stream wrapper for every other call — or for any model
+whose settings say `stream_reader = "litellm"`.
 
 Every attempt — first model, fallbacks — takes a fresh call index from the conversation
 (`next_call_index`), so the scripted model's "round i answers the i-th call" holds across
@@ -25,14 +31,27 @@ from typing import Any
 
 from actors.llm.errors import ProviderError, Usage
 from actors.llm.fast import (
+    DEFAULT_TIMEOUT_S,
+    STREAM_READER,
     FastDelta,
     FastFinish,
+    FastItem,
     fast_path_supports,
     fast_stream,
     without_reader_setting,
 )
 from actors.llm.keys import MissingKey, call_kwargs, scrub
-from actors.llm.scripts import CALL_INDEX_HEADER, CONVERSATION_HEADER, ERROR_TABLE, SCRIPT_EXHAUSTED
+from actors.llm.scripts import (
+    CALL_INDEX_HEADER,
+    CONVERSATION_HEADER,
+    ERROR_TABLE,
+    PROVIDER,
+    SCRIPT_EXHAUSTED,
+    SILENCE,
+    RoundFailed,
+    play,
+    round_to_play,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,26 +230,32 @@ async def stream_model(
     turn continues like any other cut (docs/design.md#continuation). `include_usage` asks providers
     that can for the call's usage (`ModelFinished.usage`), read from the chunk after the finish
     chunk (see LEAN_SETTINGS for its cost). Close it early (`aclose()`, or leave an `async with contextlib.aclosing(...)` block) to abort a
-    generation: the LiteLLM stream and the provider's generator are closed with it.
+    generation: the reader's stream (HTTP response, LiteLLM stream, scripted playback) is closed with it.
     """
     if not models:
         raise ValueError("stream_model needs at least one model")
-    litellm = litellm_module()
     for position, model in enumerate(models):
-        # The conversation and its durable call counter travel as headers: the scripted provider
-        # and the mock endpoint play from them; real providers ignore unknown headers. Taken once
-        # per attempt, whichever reader serves it.
-        headers = {CONVERSATION_HEADER: conversation_id, CALL_INDEX_HEADER: str(next_call_index())}
+        # One call index per attempt, whichever reader serves it. It and the conversation travel as
+        # headers: the scripted provider and the mock endpoint play from them; real providers
+        # ignore unknown headers. The direct player takes the index as it is.
+        call_index = next_call_index()
+        headers = {CONVERSATION_HEADER: conversation_id, CALL_INDEX_HEADER: str(call_index)}
         own_settings = (settings or {}).get(model, {})
-        if fast_path_supports(model, own_settings, api_base=api_base):
+        attempt: AsyncGenerator[FastItem, None] | None = None
+        if plays_directly(model, own_settings):
+            attempt = _play_scripted(model, messages, call_index=call_index, settings=own_settings,
+                                     timeout_s=timeout_s, idle_timeout_s=idle_timeout_s, include_usage=include_usage)
+        elif fast_path_supports(model, own_settings, api_base=api_base):
             # docs/design.md#model-settings: LiteLLM builds the request, we read the stream (fast.py).
+            attempt = fast_stream(
+                model, messages, headers=headers, settings=own_settings, api_base=api_base, api_key=api_key,
+                max_tokens=max_tokens, timeout_s=timeout_s, idle_timeout_s=idle_timeout_s,
+                include_usage=include_usage,
+            )
+        if attempt is not None:
             finished: FastFinish | None = None
             try:
-                async with contextlib.aclosing(fast_stream(
-                    model, messages, headers=headers, settings=own_settings, api_base=api_base, api_key=api_key,
-                    max_tokens=max_tokens, timeout_s=timeout_s, idle_timeout_s=idle_timeout_s,
-                    include_usage=include_usage,
-                )) as items:
+                async with contextlib.aclosing(attempt) as items:
                     async for item in items:
                         if isinstance(item, FastDelta):
                             yield ModelDelta(item.text)
@@ -241,9 +266,10 @@ async def stream_model(
                     raise
                 yield _fallback(model, models[position + 1], failed)
                 continue
-            assert finished is not None  # fast_stream always ends with its finish, or raises
+            assert finished is not None  # an attempt always ends with its finish, or raises
             yield ModelFinished(finished.finish_reason, model, finished.usage)
             return
+        litellm = litellm_module()
         kwargs: dict[str, Any] = {
             "extra_headers": headers,
             # No hidden retries: each one would be a model call the conversation did not count.
@@ -281,7 +307,7 @@ async def stream_model(
                 except TimeoutError:
                     if finish_reason is not None:
                         break  # the answer is whole; only its usage never came
-                    raise _Silent(f"no chunk for {idle_timeout_s:g} s in the middle of the response") from None
+                    raise _Silent(SILENCE.format(idle_timeout_s)) from None
                 if want_usage:
                     usage = _usage(chunk) or usage
                     if usage is not None and finish_reason is not None:
@@ -314,6 +340,52 @@ async def stream_model(
                 await stream.aclose()
         yield ModelFinished(finish_reason, model, usage)
         return
+
+
+# -- the scripted model, played here ---------------------------------------------------------------
+
+_SCRIPTED = f"{PROVIDER}/"
+
+
+def plays_directly(model: str, settings: Mapping[str, Any]) -> bool:
+    """Whether `stream_model` plays this model itself: a `scripted/<name>` model whose settings do not
+    ask for LiteLLM's reader (`stream_reader = "litellm"` keeps the custom provider, scripted.py)."""
+    return model.startswith(_SCRIPTED) and settings.get(STREAM_READER, "fast") == "fast"
+
+
+async def _play_scripted(
+    model: str,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    call_index: int,
+    settings: Mapping[str, Any],
+    timeout_s: float | None,
+    idle_timeout_s: float | None,
+    include_usage: bool,
+) -> AsyncGenerator[FastItem, None]:
+    """One attempt of `scripted/<name>` with no LiteLLM in between: what the custom provider streams
+    through LiteLLM's wrapper for the same call — deltas, finish reason, usage when asked for — and its
+    failures as the `ProviderError`s the LiteLLM path reports (kind, message, after_first_delta).
+
+    As there, the settings' `timeout` wins over `timeout_s` (LiteLLM's 600 s when neither is given),
+    and a settings key that names an unset variable fails with `auth`."""
+    delivered = False
+    try:
+        call_kwargs(settings)
+        timeout = settings.get("timeout", timeout_s)
+        round_ = round_to_play(model[len(_SCRIPTED):], call_index, messages)
+        read_timeout_s = DEFAULT_TIMEOUT_S if timeout is None else float(timeout)
+        async with contextlib.aclosing(play(round_, read_timeout_s=read_timeout_s, idle_timeout_s=idle_timeout_s)) as texts:
+            async for text in texts:
+                if text:
+                    delivered = True
+                    yield FastDelta(text)
+    except RoundFailed as failed:
+        raise ProviderError(failed.kind, model, failed.message, after_first_delta=delivered) from None
+    except MissingKey as exc:
+        raise ProviderError("auth", model, str(exc), after_first_delta=False) from None
+    usage = round_.reported_usage(messages) if include_usage else None
+    yield FastFinish(round_.finish_reason, None if usage is None else Usage(usage.prompt_tokens, usage.completion_tokens))
 
 
 def _fallback(model: str, to: str, error: ProviderError) -> ModelFallback:
