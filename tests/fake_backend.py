@@ -32,6 +32,7 @@ from protocol.events import Event
 
 AGENTS = frozenset({"demo"})
 BATCH = 64
+REPLACED = "a newer configuration generation replaced this one"
 BOOM = "boom"  # a user_message with this text makes the backend raise (tests `internal`)
 
 
@@ -97,6 +98,12 @@ class FakeBackend:
             conv.seen_ids.add(command.id)
         if isinstance(command, UserMessage) and command.text == BOOM:
             raise RuntimeError("secret internal detail /srv/reactgate/db.sqlite3")
+        if isinstance(command, UserMessage) and command.text == REPLACED:
+            # as the Ray backend does once a newer configuration generation is current
+            replaced = ConfigurationReplaced(self.generation or "old", "0123abcdef", ["profile demo"])
+            if self.on_replaced is not None:
+                self.on_replaced(replaced)
+            raise replaced
         if isinstance(command, SetMode):
             conv.mode = command.mode
         conv.commands.append(command)

@@ -22,9 +22,9 @@ from gateway.server import GatewayServer
 from gateway.session import FORBIDDEN_MESSAGE, Session
 from gateway.settings import BindRefused, Settings
 from protocol.frames import CloseCode, ErrorCode
-from tests.fake_backend import BOOM
+from tests.fake_backend import BOOM, REPLACED, FakeBackend
 from tests.gateway_harness import running
-from tests.kit import PROTO, TIMEOUT, Client, http_get
+from tests.kit import PROTO, TIMEOUT, Client, client, http_get
 
 SECRET = "test-secret-for-hs256-at-least-32-bytes!"
 
@@ -467,6 +467,32 @@ async def test_drain_flushes_and_closes_clients_with_1012_and_stops_the_backend(
         with pytest.raises(OSError):
             async with h.client():
                 pass
+
+
+async def test_a_replaced_configuration_drains_the_gateway_and_never_answers_internal() -> None:
+    # docs/design.md#generations: once a newer generation is current, this replica must not serve.
+    backend = FakeBackend()
+    backend.generation = "fedcba9876"
+    server = GatewayServer(Settings(host="127.0.0.1", port=0, backend="local"), backend)
+    host, port = await server.start()
+    try:
+        status, _, body = await http_get(host, port, "/readyz")
+        assert (status, body) == (200, b"ready (generation fedcba9876)\n")
+        metrics = (await http_get(host, port, "/metrics"))[2].decode()
+        assert 'reactgate_config_info{generation="fedcba9876"} 1.0' in metrics
+        async with client(f"ws://{host}:{port}/ws") as c:
+            cid = await c.open()
+            await c.send(type="user_message", conversation_id=cid, text=REPLACED)
+            frames = []
+            with pytest.raises(ConnectionClosed) as closed:
+                while True:
+                    frames.append(await c.recv())
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == CloseCode.SERVICE_RESTART
+            assert frames == []   # no `internal`, no ack: the client resumes elsewhere and re-sends it
+        await asyncio.wait_for(server.serve_forever(), TIMEOUT)  # drained, as on SIGTERM
+        assert not server.ready and backend.stopped
+    finally:
+        await server.drain()
 
 
 # -- HTTP on the same port -----------------------------------------------------------------------
