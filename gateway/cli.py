@@ -63,6 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     load.add_argument("--reconnect-rate", type=float, default=0.0, metavar="P",
                       help="abrupt drops per second per user (Poisson; mean 1/P s between drops), each followed "
                       "by a reconnect that resumes after the last seen seq (default 0)")
+    load.add_argument("--cut-fraction", type=float, default=0.0, metavar="F",
+                      help="cut exactly round(F×N) users' connections once each, mid-answer, at moments spread "
+                      "over the run; each resumes after the last seen seq (default 0)")
+    load.add_argument("--ramp-up", type=float, default=0.0, metavar="S",
+                      help="start the users evenly over S seconds instead of all at once (default 0)")
     load.add_argument("--report", metavar="FILE.html", help="write a self-contained HTML report with latency plots")
     load.add_argument("--token", help="JWT (default: REACTGATE_TOKEN; argv is visible to other users)")
     load.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
@@ -126,7 +131,8 @@ def _loadtest(args: argparse.Namespace) -> int:
 
     config = LoadConfig(
         url=args.url, conversations=args.conversations, duration_s=args.duration,
-        reconnect_rate=args.reconnect_rate, drain_timeout_s=args.drain_timeout, token=_token(args),
+        reconnect_rate=args.reconnect_rate, cut_fraction=args.cut_fraction, ramp_up_s=args.ramp_up,
+        drain_timeout_s=args.drain_timeout, token=_token(args),
         message=args.message or DEFAULT_MESSAGE, report=Path(args.report) if args.report else None, seed=args.seed,
     )
     script_info = None

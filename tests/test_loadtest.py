@@ -321,6 +321,36 @@ def test_an_ask_user_is_answered_with_its_first_option() -> None:
     assert d.stats.asks_answered == 1
 
 
+def test_a_user_chosen_for_a_cut_asks_for_it_at_its_first_answer_delta_after_the_moment_and_only_once() -> None:
+    d = Driver()
+    d.user.cut_after = 1.0
+    _, message = d.open()
+    d.recv(event(1, started("t1", message.id)))
+    d.mono = 0.5
+    d.recv(event(2, AnswerDelta(turn_id="t1", round=2, text="It ")))
+    assert not d.user.cut_due                                    # before the moment
+    d.mono = 1.5
+    d.recv(event(3, thinking()))
+    assert not d.user.cut_due                                    # not an answer: not mid-answer
+    d.recv(event(4, AnswerDelta(turn_id="t1", round=2, text="rains")))
+    assert d.user.cut_due and d.user.cut_after is None
+    d.user.cut_due = False                                       # the shell cut the connection
+    d.recv(event(5, AnswerDelta(turn_id="t1", round=2, text=".")))
+    assert not d.user.cut_due
+
+
+def test_the_cut_fraction_is_a_fraction() -> None:
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="--cut-fraction"):
+            LoadConfig(cut_fraction=bad).check()
+
+
+def test_the_ramp_up_ends_before_the_duration() -> None:
+    for bad in (-1.0, 10.0):
+        with pytest.raises(ValueError, match="--ramp-up"):
+            LoadConfig(duration_s=10.0, ramp_up_s=bad).check()
+
+
 def test_after_a_drop_the_user_resumes_after_its_last_seq_and_resends_the_unacked_message_with_its_id() -> None:
     d = Driver()
     _, message = d.open()
@@ -453,33 +483,52 @@ async def demo_gateway(tmp_path: Path) -> Any:
         await server.drain()
 
 
+async def run_loadtest(port: int, *args: str) -> tuple[int, str, dict[str, str]]:
+    """The console script against the gateway on `port`: exit code, stdout, and its counts line."""
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "REACTGATE_TOKEN")}
+    env |= {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "NO_COLOR": "1", "TERM": "dumb"}
+    proc = await asyncio.create_subprocess_exec(
+        *loadtest_command(), "loadtest", "--url", f"ws://127.0.0.1:{port}/ws", *args, cwd=REPO, env=env,
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out_b, err_b = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    out = out_b.decode()
+    assert proc.returncode is not None
+    lines = [line for line in out.splitlines() if line.startswith("lost=")]
+    assert lines, out + err_b.decode()
+    return proc.returncode, out + err_b.decode(), dict(re.findall(r"(\w+)=(\d+)", lines[0]))
+
+
 @pytest.mark.slow
 async def test_loadtest_with_abrupt_reconnects_finds_nothing_lost_duplicated_or_out_of_order(tmp_path: Path) -> None:
     report = tmp_path / "report.html"
-    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "REACTGATE_TOKEN")}
-    env |= {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "NO_COLOR": "1", "TERM": "dumb"}
     async with demo_gateway(tmp_path) as port:
-        proc = await asyncio.create_subprocess_exec(
-            *loadtest_command(), "loadtest", "--url", f"ws://127.0.0.1:{port}/ws", "--conversations", "4",
-            "--duration", "3", "--reconnect-rate", "1", "--drain-timeout", "20", "--seed", "1",
-            "--report", str(report), cwd=REPO, env=env,
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )
-        try:
-            out_b, err_b = await asyncio.wait_for(proc.communicate(), 60)
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
-    out, err = out_b.decode(), err_b.decode()
-    assert proc.returncode == 0, out + err
-    counts = dict(re.findall(r"(\w+)=(\d+)", next(line for line in out.splitlines() if line.startswith("lost="))))
+        code, out, counts = await run_loadtest(
+            port, "--conversations", "4", "--duration", "3", "--reconnect-rate", "1", "--drain-timeout", "20",
+            "--seed", "1", "--report", str(report))
+    assert code == 0, out
     assert (counts["lost"], counts["duplicated"], counts["out_of_order"]) == ("0", "0", "0")
     assert int(counts["turns"]) > 0 and counts["incomplete_turns"] == "0"
     assert int(counts["reconnects"]) > 0, "the run should have dropped connections"
     assert "PASS" in out
     page = report.read_text(encoding="utf-8")
     assert "<svg" in page and '<tr><th>lost</th><td class="ok">0</td></tr>' in page
+
+
+@pytest.mark.slow
+async def test_a_cut_fraction_cuts_exactly_that_many_users_mid_answer_and_they_resume_whole(tmp_path: Path) -> None:
+    async with demo_gateway(tmp_path) as port:
+        code, out, counts = await run_loadtest(
+            port, "--conversations", "4", "--duration", "3", "--cut-fraction", "0.5", "--drain-timeout", "20",
+            "--seed", "2")
+    assert code == 0, out
+    assert counts["reconnects"] == "2"
+    assert (counts["lost"], counts["duplicated"], counts["out_of_order"], counts["garbled_turns"]) == ("0",) * 4
 
 
 # -- an honest load tester: a deliberately faulty server must fail the run -------------------------

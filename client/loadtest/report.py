@@ -86,8 +86,19 @@ def counts_line(result: Result) -> str:
     return (
         f"lost={result.lost} duplicated={result.duplicated} out_of_order={result.out_of_order} "
         f"turns={s.turns_ended} completed_turns={s.turns_completed} failed_turns={s.turns_failed} "
-        f"incomplete_turns={result.incomplete_turns} events={s.events} reconnects={s.reconnects}"
+        f"incomplete_turns={result.incomplete_turns} events={s.events} reconnects={s.reconnects} "
+        f"garbled_turns={s.garbled_turns} foreign_events={s.errors['client.foreign_event']} "
+        f"unreadable_frames={s.errors['client.unreadable_frame']} unverified_users={result.unverified_users}"
     )
+
+
+def latency_line(stats: Stats) -> str:
+    """One plain line of the latencies a script can parse (ms), next to `counts_line`."""
+    parts = []
+    for name in ("delivery", "ttfd", "resume_delivery"):
+        s = summarize(getattr(stats, name))
+        parts.append(f"{name}_p50_ms={_ms(s.p50)} {name}_p99_ms={_ms(s.p99)} {name}_max_ms={_ms(s.max)}")
+    return " ".join(parts)
 
 
 def summary_rows(result: Result) -> list[tuple[str, str]]:
@@ -148,6 +159,7 @@ def print_summary(result: Result, console: Console) -> None:
         console.print(f"{script_text(result)} This is what the server plays if started with this script.",
                       markup=False)
     console.print(counts_line(result), markup=False, highlight=False, soft_wrap=True)
+    console.print(latency_line(result.stats), markup=False, highlight=False, soft_wrap=True)
     failures = result.failures()
     if failures:
         console.print(f"FAIL: {'; '.join(failures)}", style="bold red", markup=False)
@@ -272,6 +284,8 @@ def render_html(result: Result) -> str:
         ("conversations", str(cfg.conversations)),
         ("duration (s)", f"{cfg.duration_s:g}"),
         ("reconnect rate (drops/s per conversation)", f"{cfg.reconnect_rate:g}"),
+        ("cut once mid-answer (fraction of users)", f"{cfg.cut_fraction:g}"),
+        ("ramp-up (s)", f"{cfg.ramp_up_s:g}"),
         ("elapsed, with drain (s)", f"{result.elapsed_s:.2f}"),
         *summary_rows(result),
     ]

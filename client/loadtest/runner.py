@@ -5,6 +5,14 @@ frame) as a Poisson process of rate P per second — the time to the next drop i
 mean 1/P s, drawn afresh after each reconnect. It then reconnects at once and its session resumes:
 re-open, subscribe after the last delivered seq, re-send every unacked command with the same id.
 
+`--cut-fraction F`: exactly round(F × N) users, chosen with the seed, are each cut once, mid-answer:
+at the first `answer.delta` they receive after a moment drawn uniformly over the first 80% of the
+duration (so the cuts are spread over the run, and each one interrupts an answer being streamed).
+
+`--ramp-up S`: user i of N connects at i/N × S seconds instead of all at once. Users that start in
+the same instant and play the same script stay in step: every model chunk of every conversation
+then arrives in the same millisecond, a herd no real traffic makes.
+
 Every loop is bounded: users stop starting turns at `--duration`, and everything still running is
 cancelled `--drain-timeout` seconds later.
 """
@@ -80,6 +88,8 @@ class LoadConfig:
     conversations: int = 10
     duration_s: float = 10.0
     reconnect_rate: float = 0.0      # abrupt drops per second per user (Poisson)
+    cut_fraction: float = 0.0        # this fraction of users is cut once, mid-answer
+    ramp_up_s: float = 0.0           # users start spread evenly over this many seconds
     drain_timeout_s: float = 30.0    # after the duration: time for the last turns to end
     token: str | None = None
     message: str = DEFAULT_MESSAGE
@@ -94,6 +104,10 @@ class LoadConfig:
             raise ValueError("--duration must be a positive number of seconds")
         if self.reconnect_rate < 0 or not math.isfinite(self.reconnect_rate):
             raise ValueError("--reconnect-rate must be ≥ 0 (drops per second per conversation)")
+        if not 0 <= self.cut_fraction <= 1:
+            raise ValueError("--cut-fraction must be between 0 and 1")
+        if not 0 <= self.ramp_up_s < self.duration_s:
+            raise ValueError("--ramp-up must be ≥ 0 and shorter than --duration")
         if self.drain_timeout_s < 0 or not math.isfinite(self.drain_timeout_s):
             raise ValueError("--drain-timeout must be ≥ 0")
 
@@ -188,6 +202,9 @@ class LoadRunner:
             SimUser(self.stats, send_until=send_until, started_at=start, message=cfg.message)
             for _ in range(cfg.conversations)
         ]
+        cut = self.rng.sample(range(cfg.conversations), round(cfg.cut_fraction * cfg.conversations))
+        for index in cut:
+            self.users[index].cut_after = start + self.rng.uniform(0.0, 0.8 * cfg.duration_s)
         tasks = [asyncio.create_task(self._drive(i, send_until, hard_deadline)) for i in range(len(self.users))]
         ticker = asyncio.create_task(self._tick(start, send_until, hard_deadline))
         try:
@@ -212,6 +229,8 @@ class LoadRunner:
         so the loop is written out here.
         """
         user = self.users[index]
+        if self.config.ramp_up_s:
+            await asyncio.sleep(index * self.config.ramp_up_s / len(self.users))
         headers = {"Authorization": f"Bearer {self.config.token}"} if self.config.token else None
         failures, last_failure = 0, ""
         while not user.finished and time.monotonic() < hard_deadline:
@@ -234,6 +253,9 @@ class LoadRunner:
                         await self._send(ws, user.receive(raw, time.monotonic(), time.time()))
                         if user.finished:
                             break
+                        if user.cut_due:
+                            user.cut_due = False
+                            self._cut(index, ws)
                     if user.finished:
                         await ws.close()
                         return
@@ -270,6 +292,9 @@ class LoadRunner:
         await asyncio.sleep(self.rng.expovariate(self.config.reconnect_rate))
         if self.users[index].finished:
             return
+        self._cut(index, ws)
+
+    def _cut(self, index: int, ws: ClientConnection) -> None:
         self._dropping.add(index)
         self.stats.reconnects += 1
         ws.transport.abort()  # no close frame: what a crashed client or a cut network looks like

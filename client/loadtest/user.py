@@ -214,6 +214,10 @@ class SimUser:
         self.verified = False             # every event up to the server's final head was received
         self.fatal: str | None = None
         self.replay_until = 0             # seqs ≤ this on this connection are a resume's backlog
+        # `--cut-fraction`: the first answer.delta received at or after this time asks the shell to
+        # cut the connection (`cut_due`), so the cut lands mid-answer, once.
+        self.cut_after: float | None = None
+        self.cut_due = False
         self._retry_at: dict[str, float] = {}   # frame id → when to send it again (rate limited)
 
     @property
@@ -325,6 +329,8 @@ class SimUser:
                     record_seconds(self.stats.ttfd, mono - turn.started_at)
                 if isinstance(data, AnswerDelta):
                     turn.answer.append(data.text)
+                    if self.cut_after is not None and mono >= self.cut_after:
+                        self.cut_after, self.cut_due = None, True
             case AskUser(turn_id=turn_id, ask_id=ask_id, options=options) if turn_id == turn.turn_id:
                 self.stats.asks_answered += 1
                 self.session.answer(ask_id, options[0] if options else "yes")
