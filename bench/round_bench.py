@@ -92,7 +92,7 @@ def run_ours(deltas: list[str]) -> Sample:
     """One pass: a fresh RoundEngine fed every delta, then finish()."""
     with Clock() as clock:
         for _ in range(PASSES_PER_SAMPLE):
-            engine = RoundEngine(RULES, call_id_prefix="b.")
+            engine = RoundEngine(RULES, turn_id="b", round_no=1)
             events: list[RoundEvent] = []
             for delta in deltas:
                 events += engine.feed(delta)

@@ -5,13 +5,16 @@ disagree about the same bytes (docs/design.md#one-decoder). Strings are decoded 
 reported through `on_chars`, so a `final_answer` can stream before its closing quote.
 
 Strictly RFC 8259, except that the caller decides where the value ends (`stop_at`) so a tag
-that follows the object is not read as JSON. Bulk text is scanned with regular expressions,
-not character by character: this sits on the per-delta hot path.
+that follows the object is not read as JSON. Bulk text is scanned in runs, not character by
+character: this sits on the per-delta hot path. A string's characters are found with `str.find`
+and decoded by the C decoder `json` itself uses; only what that cannot take whole (an escape cut
+by a delta boundary, invalid text) goes through the regex path, whose verdict is the reference.
 """
 
 from __future__ import annotations
 
 import re
+from _json import scanstring  # the C string decoder behind json.loads (strict: no control characters)
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -24,6 +27,7 @@ MAX_DEPTH: Final = 32
 # A run of plain characters and two-character escapes; `\u` escapes take the slow path.
 _STRING_RUN = re.compile(r'(?:[^"\\\x00-\x1f]+|\\["\\/bfnrt])+')
 _SIMPLE_ESCAPE = re.compile(r"\\(.)")
+_HIGH_SURROGATE = re.compile("[\ud800-\udbff]")
 _U_ESCAPE = re.compile(r"\\u[0-9a-fA-F]{4}")
 _U_PAIR = re.compile(r"\\u[0-9a-fA-F]{4}\\u[0-9a-fA-F]{4}")
 _WS = re.compile(r"[ \t\n\r]*")
@@ -35,6 +39,34 @@ _ESCAPES: Final = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\
 
 def _unescape(m: re.Match[str]) -> str:
     return _ESCAPES[m.group(1)]
+
+
+def _scan_string(text: str, pos: int) -> tuple[str, int] | None:
+    """Decode the string body text[pos:] in one C call: (its characters, the index just past its
+    closing quote, or -1 when it goes on past the text). None when the text holds what only the
+    regex path reads exactly: an escape cut at the end, a lone high surrogate, or invalid text."""
+    quote = text.find('"', pos)
+    while quote >= 0:  # the closing quote: not escaped, i.e. after an even run of backslashes
+        k = quote
+        while k > pos and text[k - 1] == "\\":
+            k -= 1
+        if not (quote - k) & 1:
+            break
+        quote = text.find('"', quote + 1)
+    try:
+        if quote >= 0:
+            decoded, end = scanstring(text, pos, True)
+            body_end = end - 1
+        else:  # a quote as sentinel: a cut escape then fails to decode instead of decoding wrongly
+            decoded, _ = scanstring(text[pos:] + '"', 0, True)
+            end, body_end = -1, len(text)
+    except ValueError:
+        return None
+    # The C decoder lets a high surrogate stand alone (also one cut from its low half by the end
+    # of the text); this parser requires the pair.
+    if text.find("\\u", pos, body_end) >= 0 and _HIGH_SURROGATE.search(decoded):
+        return None
+    return decoded, end
 
 
 # Parser states.
@@ -205,17 +237,31 @@ class JsonStream:
         return pos
 
     def _feed_string(self, text: str, pos: int) -> int:
-        # Hot path: a long final_answer streams through here. Runs of plain characters and
-        # two-character escapes are taken by one regex match; the decoded pieces of this call are
-        # reported once, at its end (the same characters, in fewer callbacks).
+        # Hot path: a long final_answer streams through here. The decoded pieces of this call are
+        # reported once, at its end (the same characters, in fewer callbacks), so how a call
+        # decoded them — whole, by `_scan_string`, or run by run — cannot show in the events.
         n = len(text)
         pieces: list[str] = []
+        scan = True  # until the whole-run scan declines, for the rest of this call
         while pos < n:
             if self._esc:
                 pos = self._feed_escape(text, pos, pieces)
                 if self._state != _STRING:
                     break
                 continue
+            if scan:
+                scanned = _scan_string(text, pos)
+                if scanned is not None:
+                    decoded, end = scanned
+                    if decoded:
+                        pieces.append(decoded)
+                    if end < 0:  # the string goes on past this text
+                        pos = n
+                        break
+                    self._report(pieces)
+                    self._end_string()
+                    return end
+                scan = False
             m = _STRING_RUN.match(text, pos)
             if m is not None:
                 run = m.group()

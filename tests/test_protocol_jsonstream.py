@@ -173,3 +173,78 @@ def test_nothing_is_consumed_after_an_error() -> None:
     assert stream.feed("[1,,2]") == 3
     assert stream.failed
     assert stream.feed("[]") == 0
+
+
+# -- the same events at any chunking (the string scan takes whole runs; a cut must not show) --------
+
+# Pieces that put escapes, quotes and surrogates next to every kind of delta boundary, valid or not.
+STRING_PIECES = [
+    '"', "\\", '\\"', "\\\\", "\\\\\\\"", "\\n", "\\t", "\\/", "\\u", "\\u00e9", "\\u0022", "\\u005c", "\\ud83d",
+    "\\ude00", "\\uDC00", "\\uD834\\uDD1E", "\\ud83d\\u0041", "\\u12", "\\x", "\ud83d", "\x00", "\x1f", "\x7f",
+    "\n", " ", "a", "é", "😀", "<", "{", "}", "[", "]", ":", ",", "1", "-2.5e3", "true", "nul",
+]
+OPENERS = ["", '"', '{"final_answer": "', '["x", "', '{"a": {"b": ["']
+json_like_texts = st.builds(
+    lambda opener, body: opener + "".join(body),
+    st.sampled_from(OPENERS),
+    st.lists(st.one_of(st.sampled_from(STRING_PIECES), st.text(max_size=6)), max_size=30),
+)
+
+Event = tuple[Any, ...]
+
+
+def events_of(deltas: list[str], stop_at: str = "") -> list[Event]:
+    """Every callback and the end state, with string characters merged per path: a chunking may
+    report a string in more pieces, never in other characters, order, or paths."""
+    events: list[Event] = []
+
+    def on_chars(path: Path, text: str) -> None:
+        if events and events[-1][0] == "chars" and events[-1][1] == path:
+            events[-1] = ("chars", path, events[-1][2] + text)
+        else:
+            events.append(("chars", path, text))
+
+    stream = JsonStream(on_chars=on_chars, on_value=lambda path, value: events.append(("value", path, repr(value))))
+    offset = 0
+    for delta in deltas:
+        stop = stream.feed(delta, stop_at=stop_at)
+        if stop < len(delta):  # the value ended, failed, or met the stop character: nothing more is read
+            events.append(("stopped", offset + stop))
+            break
+        offset += len(delta)
+    else:
+        stream.finish()
+    events.append(("end", stream.error, stream.done, repr(stream.value)))
+    return events
+
+
+@settings(max_examples=400, deadline=None)
+@given(text=json_like_texts, stop_at=st.sampled_from(["", "<"]), data=st.data())
+def test_events_do_not_depend_on_the_chunking(text: str, stop_at: str, data: st.DataObject) -> None:
+    cuts = data.draw(st.lists(st.integers(0, len(text)), max_size=12))
+    whole = events_of([text], stop_at)
+    assert events_of(list(text), stop_at) == whole
+    assert events_of(split(text, cuts), stop_at) == whole
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=st.text(), ensure_ascii=st.booleans(), data=st.data())
+def test_string_characters_equal_json_loads_at_any_chunking(value: str, ensure_ascii: bool,
+                                                            data: st.DataObject) -> None:
+    text = json.dumps({"final_answer": value}, ensure_ascii=ensure_ascii)
+    cuts = data.draw(st.lists(st.integers(0, len(text)), max_size=12))
+    chars = [("chars", ("final_answer",), value)] if value else []
+    expected = [*chars, ("value", ("final_answer",), repr(value)), ("end", None, True, repr({"final_answer": value}))]
+    for deltas in ([text], list(text), split(text, cuts)):
+        assert events_of(deltas) == expected
+
+
+@pytest.mark.parametrize("body", [
+    'a\\"b\\\\', '\\\\\\"x', "\\u0022\\u005c", "x\\ud83d\\ude00y", "x\\ud83d", "\\ud83d\\u0041", "\\uDC00",
+    "ab\\", "ab\\u12", "a\x1fb", "a\\qb", 'a\\"b\\ud83d',
+])
+def test_strings_cut_at_every_position_report_the_same_events(body: str) -> None:
+    text = '{"final_answer": "' + body + '", "n": 1}'
+    whole = events_of([text])
+    for cut in range(len(text) + 1):
+        assert events_of([text[:cut], text[cut:]]) == whole, cut
