@@ -47,9 +47,9 @@ from actors.hosting.backend import (
     Backend,
     Cancel,
     Command,
+    ConfigurationReplaced,
     Forbidden,
     SetMode,
-    ConfigurationReplaced,
     Steer,
     UnknownAgent,
     UnknownAsk,
@@ -136,9 +136,9 @@ class GatewayServer:
         self._server: Server | None = None
         self._backend_started = False
         self._draining = False
+        self._replaced: ConfigurationReplaced | None = None  # a newer configuration generation took over
         self._drain_task: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
-        self._replaced: ConfigurationReplaced | None = None  # a newer configuration generation took over
         # Connection quotas: this replica's own sockets, by client address and by user.
         self._quotas = QuotaLimits.from_settings(settings)
         self._connections: collections.Counter[tuple[Scope, str]] = collections.Counter()
@@ -152,12 +152,12 @@ class GatewayServer:
 
     async def start(self) -> tuple[str, int]:
         check_bind(self.settings)
+        self.backend.on_replaced = self._on_replaced
         await self.backend.start()
         self._backend_started = True
-        self.backend.on_replaced = self._on_replaced
+        self.metrics.config.info({"generation": self.backend.generation or "local"})
         try:
             self._server = await serve(
-        self.metrics.config.info({"generation": self.backend.generation or "local"})
                 self._handle_connection,
                 self.settings.host,
                 self.settings.port,
@@ -188,14 +188,14 @@ class GatewayServer:
         """Return once `drain()` finished (or the server was closed)."""
         await self._stopped.wait()
 
-    def drain_soon(self) -> None:
-        """Signal-handler friendly: start draining once."""
     def _on_replaced(self, replaced: ConfigurationReplaced) -> None:
         """A newer configuration generation is current (docs/design.md#generations): this replica must
         not serve any more. It drains as on SIGTERM: its clients resume on a current replica."""
         self._replaced = replaced
         self.drain_soon()
 
+    def drain_soon(self) -> None:
+        """Signal-handler friendly: start draining once."""
         if self._drain_task is None:
             self._drain_task = asyncio.create_task(self.drain())
 
@@ -247,14 +247,14 @@ class GatewayServer:
         if path == "/healthz":
             return connection.respond(HTTPStatus.OK, "ok\n")
         if path == "/readyz":
+            generation = self.backend.generation or "local"
             if self.ready:
                 return connection.respond(HTTPStatus.OK, f"ready (generation {generation})\n")
-            generation = self.backend.generation or "local"
             why = "draining" if self._draining else "backend not started"
-            return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, f"not ready: {why}\n")
-        if path == "/metrics":
             if self._replaced is not None:
                 why = f"draining: {self._replaced}"
+            return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, f"not ready: {why}\n")
+        if path == "/metrics":
             return _response(HTTPStatus.OK, self.metrics.render(), CONTENT_TYPE_LATEST)
         if path in ("/", "/index.html"):
             index = STATIC_DIR / "index.html"
@@ -381,11 +381,11 @@ class GatewayServer:
         except UnknownAsk:
             session.error(ErrorCode.NOT_FOUND, "no question is waiting for this ask_id (answered, timed out, "
                           "or never asked)", frame.id, conversation_id)
+        except ConfigurationReplaced:
+            self.drain_soon()  # not acked: the client sends it again to a current replica (1012 follows)
         except QuotaExceeded as refused:  # raised by the backend or a host: the frame was not acted on
             self.metrics.quota_refused.labels(session.owner.tenant, refused.quota.value, refused.scope.value).inc()
             session.send(_quota_error(refused, frame.id, conversation_id))
-        except ConfigurationReplaced:
-            self.drain_soon()  # not acked: the client sends it again to a current replica (1012 follows)
         except ConnectionClosed:
             raise
         except Exception:

@@ -171,7 +171,7 @@ def contiguous(events: list[Event], first: int = 1) -> bool:
 
 
 @pytest.mark.ray
-async def test_a_gateway_with_another_store_starts_its_own_generation_and_the_replaced_one_is_refused(
+async def test_a_gateway_with_another_store_starts_its_own_generation_and_a_rollback_returns_to_the_first(
     ray_cluster: Any, scripts: dict[str, str], tmp_path: Path,
 ) -> None:
     config_a = _config(f"sqlite:///{tmp_path / 'a.sqlite3'}", "gen-b", scripts)
@@ -206,10 +206,24 @@ async def test_a_gateway_with_another_store_starts_its_own_generation_and_the_re
             await first.command(OWNER, old.conversation_id, UserMessage("m2", "again?"))
         assert [r.current for r in replaced] == [config_b.generation]
 
-        # And a gateway bringing the replaced configuration back is refused at start-up, naming what differs.
-        with pytest.raises(ConfigurationReplaced, match=r"differs in: store") as refused:
-            await _started(config_a)
-        assert config_b.generation in str(refused.value) and "sqlite" not in str(refused.value)
+        # A rollback: a gateway bringing the first configuration back makes it current again.
+        replaced_second: list[ConfigurationReplaced] = []
+        second.on_replaced = replaced_second.append
+        rollback = await _started(config_a)
+        try:
+            again = await rollback.open(OWNER, old.conversation_id, None, None)
+            watch = Watch(rollback, again.conversation_id, again.last_seq)
+            assert await rollback.command(OWNER, old.conversation_id, UserMessage("m3", "and now?")) == "accepted"
+            await watch.until_event("turn.completed")
+            await watch.stop()
+            assert watch.answers() == [ANSWER_B] and contiguous(watch.events, again.last_seq + 1)
+            with pytest.raises(ConfigurationReplaced, match=r"differs in: store") as refused:
+                await second.command(OWNER, new.conversation_id, UserMessage("m2", "again?"))
+            assert config_a.generation in str(refused.value) and "sqlite" not in str(refused.value)
+            assert [r.current for r in replaced_second] == [config_a.generation]
+            await _until(lambda: _gone(sharded_host(config_b.generation, 0)))
+        finally:
+            await rollback.stop()
     finally:
         await first.stop()
         if second is not None:

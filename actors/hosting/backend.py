@@ -7,8 +7,8 @@ once (docs/design.md#hosting).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from actors.quotas import TenantUsage

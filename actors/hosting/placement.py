@@ -51,6 +51,12 @@ class PlacementTable:
             self.dedicated.discard(host)
         self.draining.add(host)
 
+    def undrain(self, host: str, *, dedicated: bool = False) -> None:
+        """Its generation is current again (a rollback): a candidate like any live host."""
+        if host in self.draining:
+            self.draining.discard(host)
+            self.add_host(host, dedicated=dedicated)
+
     def alive(self, host: str) -> bool:
         return host in self.live or host in self.dedicated or host in self.draining
 

@@ -129,17 +129,11 @@ class RayBackend:
         await self.store.open()
         self._directory = get_or_create(Directory, DIRECTORY_NAME)
         generation = self.config.generation
-        try:
-            await self._directory.check.remote(generation, self.config.sections)  # before creating anything of a replaced one
-        except RayTaskError as exc:
-            raise _cause(exc) from None
         log.info("serving configuration generation %s", generation)
         get_or_create(ToolPoolActor, tool_pool(generation), self.config)
         sharded = any(p.placement == "sharded" for p in self.profiles.values())
-        try:  # makes this generation current: a different one drains (docs/design.md#generations)
-            names = await self._directory.ensure_hosts.remote(self.config.hosts if sharded else 0, self.config)
-        except RayTaskError as exc:
-            raise _cause(exc) from None
+        # Makes this generation current: the one it replaces drains (docs/design.md#generations).
+        names = await self._directory.ensure_hosts.remote(self.config.hosts if sharded else 0, self.config)
         if sharded:
             await self._wait_for_hosts()
             # /readyz only once every host has its store open and LiteLLM loaded (seconds each).
@@ -330,7 +324,7 @@ class RayBackend:
         """Raise ConfigurationReplaced if a newer generation replaced this gateway's; tell `on_replaced` once."""
         if self._replaced is None:
             try:
-                await self._directory.check.remote(self.config.generation)
+                await self._directory.check.remote(self.config.generation, self.config.sections)
                 return
             except RayTaskError as exc:
                 cause = _cause(exc)

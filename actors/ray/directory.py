@@ -16,11 +16,11 @@ resumes the turn. Idle ones are placed by their next frame. No gateway and no cl
 needed, so a turn nobody watches resumes too.
 
 Generations (docs/design.md#generations): the Directory knows the current configuration
-generation. A gateway bringing a new one makes it current: its hosts and tool pool start under
-names of their own, and the old generation's hosts drain — they finish what runs, passivate, tell
-their watchers where to look, and are retired once empty. A gateway bringing a generation already
-replaced is refused. Placement is one table across generations, so a conversation is never active
-in two.
+generation. The last gateway to start decides it: one bringing another generation makes it current
+(a rollback brings an old one back); its hosts and tool pool run under names of their own, and the
+replaced generation's hosts drain — they finish what runs, passivate, tell their watchers where to
+look, and are retired once empty. A running gateway of a replaced generation is refused from then
+on. Placement is one table across generations, so a conversation is never active in two.
 """
 
 from __future__ import annotations
@@ -320,7 +320,8 @@ class Directory:
         current = self._config
         if current is not None and current.generation == config.generation:
             return
-        self._refuse_replaced(config.generation)
+        if self._replaced.pop(config.generation, None) is not None:
+            log.warning("configuration generation %s returns (a rollback)", config.generation)
         self._config = config
         self._hosts_wanted = config.hosts
         if current is None:
@@ -337,6 +338,9 @@ class Directory:
             if generation_of(name) == current.generation:
                 self.table.drain(name)
                 handle.drain.remote()
+            elif generation_of(name) == config.generation and name in self.table.draining:
+                self.table.undrain(name, dedicated=is_dedicated(name))  # still there from before the rollback
+                handle.undrain.remote()
         self._close_generation_if_empty(current.generation)
 
     def _close_generation_if_empty(self, generation: str | None) -> None:

@@ -33,8 +33,8 @@ from actors.hosting.host import HostCore
 from actors.llm.scripts import register_script
 from actors.llm.stream import stream_model, warm_up
 from actors.ray.config import RayConfig
-from actors.ray.names import DIRECTORY_NAME, NAMESPACE, is_dedicated, tool_pool
-from actors.ray.tool_pool import ToolPoolClient
+from actors.ray.names import DIRECTORY_NAME, NAMESPACE, get_or_create, is_dedicated, tool_pool
+from actors.ray.tool_pool import ToolPoolActor, ToolPoolClient
 from actors.store import store_from_url
 from protocol.events import Event
 
@@ -43,8 +43,8 @@ log = logging.getLogger("reactgate.ray.host")
 GATEWAY_TIMEOUT_S = 60.0     # a gateway that has not polled for this long is presumed gone
 HEARTBEAT_S = 5.0            # re-registration: a restarted Directory starts empty
 ADOPT_CONCURRENCY = 16       # activations at once when adopting a dead host's conversations
-
 DRAIN_CHECK_S = 0.2          # a draining host passivates a conversation this soon after its turn ends
+
 
 @dataclass(frozen=True)
 class Registration:
@@ -54,7 +54,6 @@ class Registration:
     wants_config: bool   # the Directory has no RayConfig to build replacements from: send it
 
 
-class WrongHost(Exception):
 @dataclass(frozen=True)
 class Relocated:
     """In a gateway's poll batch, among the events: this host passivated the conversation while
@@ -63,6 +62,7 @@ class Relocated:
     conversation_id: str
 
 
+class WrongHost(Exception):
     """Another live host holds this conversation's activation; route there."""
 
     def __init__(self, holder: str) -> None:
@@ -84,6 +84,9 @@ class ConversationHost:
         self.name = name
         self.incarnation = uuid.uuid4().hex
         self.config = config
+        self.generation = config.generation
+        self._draining = False
+        self._drainer: asyncio.Task[None] | None = None
         self._core: HostCore | None = None
         self._starting: asyncio.Lock | None = None
         self._outboxes: dict[str, list[Event | Relocated]] = {}
@@ -107,7 +110,8 @@ class ConversationHost:
                 store = store_from_url(self.config.store_url)
                 await store.open()
                 await warm_up()
-                pool = ray.get_actor(tool_pool(self.generation), namespace=NAMESPACE)
+                # Created by the gateway before the hosts; created here if a rollback raced its removal.
+                pool = get_or_create(ToolPoolActor, tool_pool(self.generation), self.config)
                 runtime = Runtime(registry=self.config.registry, tools=ToolPoolClient(pool), stream_model=stream_model,
                                   quotas=self.config.quotas)
                 core = HostCore(
@@ -159,10 +163,6 @@ class ConversationHost:
     def identity(self) -> tuple[str, str]:
         return self.name, self.incarnation
 
-    # -- the calls the Directory makes ------------------------------------------------------------
-
-    async def lifeline(self) -> None:
-        """Never answers. The Directory holds this call open; Ray fails it when this process dies,
     def _serves(self, generation: str | None) -> None:
         """A gateway of another generation is refused — unless this host drains: then a newer
         gateway may still watch and drive what finishes here. Never two configurations writing
@@ -170,6 +170,10 @@ class ConversationHost:
         if generation is not None and generation != self.generation and not self._draining:
             raise ConfigurationReplaced(generation, self.generation)
 
+    # -- the calls the Directory makes ------------------------------------------------------------
+
+    async def lifeline(self) -> None:
+        """Never answers. The Directory holds this call open; Ray fails it when this process dies,
         which is how the Directory learns of the death at once (docs/design.md#host-death)."""
         self._start_heartbeat()
         await asyncio.get_running_loop().create_future()
@@ -198,20 +202,23 @@ class ConversationHost:
 
         return [c for c in await asyncio.gather(*(one(c) for c in conversation_ids)) if c is not None]
 
-    async def ready(self) -> str:
-        """Open the store and load LiteLLM now, so no conversation's first turn pays for it."""
-        await self._ready()
-        return self.name
     async def drain(self) -> None:
         """A newer generation is current: hand every conversation over as soon as no turn runs in it."""
         if not self._draining:
             self._draining = True
             log.info("%s: generation %s replaced: draining", self.name, self.generation)
-            asyncio.get_running_loop().create_task(self._drain())
+            if self._drainer is None or self._drainer.done():
+                self._drainer = asyncio.get_running_loop().create_task(self._drain())
+
+    def undrain(self) -> None:
+        """This host's generation is current again (a rollback) before it was retired: it stays."""
+        if self._draining:
+            self._draining = False
+            log.info("%s: generation %s is current again", self.name, self.generation)
 
     async def _drain(self) -> None:
         core = await self._ready()
-        while True:
+        while self._draining:
             for cid in core.active_ids:
                 try:
                     if await core.passivate(cid):
@@ -231,6 +238,10 @@ class ConversationHost:
                 box.append(Relocated(cid))
                 self._wakeups[gateway].set()
 
+    async def ready(self) -> str:
+        """Open the store and load LiteLLM now, so no conversation's first turn pays for it."""
+        await self._ready()
+        return self.name
 
     async def command(self, conversation_id: str, command: Command, *, generation: str | None = None) -> str:
         self._serves(generation)
@@ -240,18 +251,18 @@ class ConversationHost:
     async def delete(self, conversation_id: str, request_key: str, *, generation: str | None = None) -> str:
         """Stop the conversation, delete it from the store, tell its watchers, release its claim
         (docs/design.md#deletion). Claims it first: a host that does not hold it answers WrongHost."""
+        self._serves(generation)
         core = await self._ready()
         return str(await core.delete(conversation_id, request_key))
 
     async def watch(self, gateway_id: str, conversation_id: str, *, generation: str | None = None) -> str:
-        self._serves(generation)
         """Deliver this conversation's live events to `gateway_id`; activates it (so a conversation
         whose host died resumes on its new host as soon as a gateway watches it)."""
+        self._serves(generation)
         core = await self._ready()
         key = (gateway_id, conversation_id)
         self._outboxes.setdefault(gateway_id, [])
         self._wakeups.setdefault(gateway_id, asyncio.Event())
-        self._serves(generation)
         self._last_poll.setdefault(gateway_id, time.monotonic())
         if key not in self._watches:
             def deliver(batch: Sequence[Event], gateway: str = gateway_id) -> None:
