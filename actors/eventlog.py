@@ -3,8 +3,9 @@
 
 - `seq` is assigned here, once an event is final, strictly increasing by 1 and never reused.
 - Coalescing: the first delta of a lane is final at once (time to first token); later deltas of
-  the same lane — same kind, turn and round — merge for up to `flush_interval_ms`. Any other
-  event closes the open delta first, so order is preserved.
+  the same lane — same kind, turn and round — merge for `flush_interval_ms` from the first of
+  them (a timer ends the window). Any other event closes the open delta first, so order is
+  preserved.
 - Write-ahead rule: events go to subscribers only after `persist` returned (the store made them
   durable). No event reaches a client before it is durable (docs/design.md#write-ahead).
 - A round's raw output (`attach`) is persisted with the next batch, the one holding the round's
@@ -93,7 +94,9 @@ class EventLog:
                 self._final(data)  # the first delta of a lane goes at once
                 return
             self._open = _OpenDelta(data, self._clock(), [data.text])
-            self._kick()
+            self._idle.clear()
+            # One timer per window, not a writer wake-up: an open delta needs no write until it ends.
+            asyncio.get_running_loop().call_later(self._interval, self._window_ended, self._open)
             return
         self._close_open()
         self._final(data)
@@ -107,6 +110,10 @@ class EventLog:
         if self._failure is not None:
             raise RuntimeError("the event log can no longer persist") from self._failure
         self._outputs.append(output)
+
+    def _window_ended(self, open_delta: _OpenDelta) -> None:
+        if self._open is open_delta:  # else another event closed it already
+            self._close_open()
 
     def _close_open(self) -> None:
         if self._open is not None:
@@ -169,17 +176,11 @@ class EventLog:
 
     async def _write_loop(self) -> None:
         while True:
-            if not self._outbox and self._open is None:
-                self._idle.set()
+            if not self._outbox:  # an open delta is closed by its window's timer, which wakes us
+                if self._open is None:
+                    self._idle.set()
                 self._wake.clear()
                 await self._wake.wait()
-                continue
-            if not self._outbox:  # only an open delta: let it gather for the flush interval
-                self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self._interval)
-                if not self._outbox:
-                    self._close_open()
                 continue
             batch, self._outbox = self._outbox, []
             outputs, self._outputs = self._outputs, []
