@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -67,11 +68,23 @@ StreamModel = Callable[..., AsyncGenerator[Any, None]]
 
 def litellm_token_counter(model: str) -> TokenCounter:
     def count(messages: Sequence[Mapping[str, str]]) -> int:
+        if len(messages) == 1:
+            return _count_one(model, tuple(messages[0].items()))
         import litellm
 
         return int(litellm.token_counter(model=model, messages=list(messages)))
 
     return count
+
+
+@functools.lru_cache(maxsize=4096)
+def _count_one(model: str, message: tuple[tuple[str, str], ...]) -> int:
+    """One message's count, kept: the context is counted message by message before every model call
+    (actors/context.py `assemble`), and a message's count never changes. Uncached, this was the
+    largest item of a host's CPU at 300 conversations (bench/README.md#load_300py)."""
+    import litellm
+
+    return int(litellm.token_counter(model=model, messages=[dict(message)]))
 
 
 @dataclass
