@@ -41,6 +41,7 @@ from protocol.events import Event
 log = logging.getLogger("reactgate.ray.host")
 
 GATEWAY_TIMEOUT_S = 60.0     # a gateway that has not polled for this long is presumed gone
+POLL_GATHER_S = 0.005        # a gateway's polls are answered at most this often (events batch up)
 HEARTBEAT_S = 5.0            # re-registration: a restarted Directory starts empty
 ADOPT_CONCURRENCY = 16       # activations at once when adopting a dead host's conversations
 DRAIN_CHECK_S = 0.2          # a draining host passivates a conversation this soon after its turn ends
@@ -286,12 +287,18 @@ class ConversationHost:
 
     async def poll(self, gateway_id: str, timeout_s: float = 1.0) -> list[Event | Relocated]:
         """One batch of everything pending for a gateway: one call per batch, never per delta."""
+        previous = self._last_poll.get(gateway_id, 0.0)
         self._last_poll[gateway_id] = time.monotonic()
         wake = self._wakeups.setdefault(gateway_id, asyncio.Event())
         box = self._outboxes.setdefault(gateway_id, [])
         if not box:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), timeout_s)
+        # At most one answer per POLL_GATHER_S: under load the events of many conversations gather
+        # into one Ray call instead of one call per event or two (bench/README.md#load_300py).
+        gather = previous + POLL_GATHER_S - time.monotonic()
+        if gather > 0:
+            await asyncio.sleep(gather)
         wake.clear()
         batch, self._outboxes[gateway_id] = self._outboxes.get(gateway_id, []), []
         return batch
