@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from protocol.actions import ActionType, Finish
 from protocol.channels import (
@@ -210,6 +213,53 @@ def test_unicode_escapes_and_surrogate_pairs_split_across_deltas(ensure_ascii: b
     for size in (1, 2, 3, 5, 7):
         _, events = parse(chunks(raw, size))
         assert answer_of(events) == answer
+
+
+# -- the same events at any chunking ----------------------------------------------------------------
+
+ANSWER_PIECES = ['"', "\\", "\\n", "\\u00e9", "\\ud83d\\ude00", "\\ud83d", "é", "😀", "\x00", "<", "</channel:action>",
+                 "<channel:thinking>", "```", "{", "}", " "]
+BLOCK_PIECES = ["<", "</", "<channel:", "</channel:action>", "<channel:action>", "</channel:thinking>",
+                "<channel:summary>", "</channel:summary>", "```json\n", "\n```", "{", "}", '"', "\\", " ", "\n", "x"]
+answer_texts = st.lists(st.one_of(st.text(max_size=8), st.sampled_from(ANSWER_PIECES)), max_size=10).map("".join)
+
+
+@st.composite
+def responses(draw: st.DrawFn) -> str:
+    """Well-formed responses whose answers hold escapes and tag-like text, sometimes with
+    block-level noise spliced in or cut short."""
+    answer = draw(answer_texts)
+    body = json.dumps(complete(answer), ensure_ascii=draw(st.booleans()))
+    raw = thinking(draw(answer_texts).replace("<", " ")) + action(body)
+    noise = draw(st.lists(st.sampled_from(BLOCK_PIECES), max_size=3))
+    at = draw(st.integers(0, len(raw)))
+    raw = raw[:at] + "".join(noise) + raw[at:]
+    return raw[: draw(st.integers(0, len(raw)))] if draw(st.booleans()) else raw
+
+
+def merged(events: list[ParserEvent]) -> list[ParserEvent]:
+    """Text of one block (or answer) in one event, and a violation said once in a row: what a
+    chunking may change, and nothing else."""
+    out: list[ParserEvent] = []
+    for event in events:
+        last = out[-1] if out else None
+        if isinstance(event, BlockText) and isinstance(last, BlockText) and last.channel is event.channel:
+            out[-1] = BlockText(event.channel, last.text + event.text)
+        elif isinstance(event, AnswerText) and isinstance(last, AnswerText) and last.index == event.index:
+            out[-1] = AnswerText(event.index, last.text + event.text)
+        elif not (isinstance(event, ChannelViolation) and event == last):
+            out.append(event)
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(raw=responses(), data=st.data())
+def test_events_do_not_depend_on_the_chunking(raw: str, data: st.DataObject) -> None:
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, max(1, len(raw) - 1)), max_size=12))))
+    pieces = [raw[a:b] for a, b in itertools.pairwise([0, *cuts, len(raw)])]
+    whole = merged(parse([raw])[1])
+    assert merged(parse(list(raw))[1]) == whole
+    assert merged(parse(pieces)[1]) == whole
 
 
 # -- the prefix policy ------------------------------------------------------------------------------
