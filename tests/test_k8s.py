@@ -147,6 +147,12 @@ def flag(command: list[str], name: str) -> str | None:
     return command[command.index(name) + 1] if name in command else None
 
 
+def expand(value: str, container: dict[str, Any]) -> str:
+    """Kubernetes' `$(NAME)` expansion of a command from the container's literal env values."""
+    env = env_of(container)
+    return re.sub(r"\$\((\w+)\)", lambda m: str(env.get(m.group(1), {}).get("value", m.group(0))), value)
+
+
 def resolve_port(container: dict[str, Any], port: int | str) -> int | None:
     """A probe's or Service's port (number or name) as the container port number, if it is one."""
     for p in container.get("ports", []):
@@ -305,9 +311,32 @@ def ray_head_problems(docs: list[dict[str, Any]]) -> list[str]:
     for name, port in (("gcs-server", 6379), ("client", 10001)):
         if resolve_port(container, name) != port:
             problems.append(f"head has no port {name} {port}")
-    expected = f"ray://{cluster['metadata']['name']}-head-svc:{resolve_port(container, 'client')}"
-    if flag(gateway_container(docs)["command"], "--ray-address") != expected:
-        problems.append(f"gateway does not join the head's Ray Client at {expected}")
+    return problems
+
+
+# The gateway pod joins the cluster as a Ray node of its own (k8s/README.md#gateways-and-the-cluster):
+# `sh -c SCRIPT reactgate serve …`, the script starting the node and exec-ing the server.
+JOIN_SCRIPT = re.compile(r'^ray start --address=(\S+) --num-cpus=0 (?:--\S+ )*--block & exec "\$0" "\$@"$')
+
+
+def gateway_join_problems(docs: list[dict[str, Any]]) -> list[str]:
+    cluster = find(docs, "RayCluster")
+    head = cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    gcs = f"{cluster['metadata']['name']}-head-svc:{resolve_port(head, 'gcs-server')}"
+    container = gateway_container(docs)
+    command = container["command"]
+    problems = []
+    if command[:2] != ["sh", "-c"] or command[3:5] != ["reactgate", "serve"]:
+        return [f"gateway command is not `sh -c SCRIPT reactgate serve …`: {command[:5]}"]
+    script = " ".join(command[2].split())
+    joined = JOIN_SCRIPT.match(script)
+    if joined is None:
+        problems.append(f"the gateway pod does not start a Ray node with no CPUs, then exec the server: {script!r}")
+    elif expand(joined.group(1), container) != gcs:
+        problems.append(f"the gateway's Ray node joins {expand(joined.group(1), container)}, not the head's GCS {gcs}")
+    address = expand(flag(command, "--ray-address") or "", container)
+    if address != gcs:
+        problems.append(f"the gateway's driver joins {address!r}, not the head's GCS {gcs} through its own node")
     return problems
 
 
@@ -325,7 +354,7 @@ def ray_workers_problems(docs: list[dict[str, Any]]) -> list[str]:
         for name, value in REQUIRED_RAY_ENV.items():
             if env.get(name, {}).get("value") != value:
                 problems.append(f"{container['name']}: {name} is not {value!r}")
-        # Ray Client needs the same Ray and Python on the driver (gateway) and the cluster.
+        # A Ray node (the gateway pod is one) needs the same Ray and Python as the cluster.
         if container["image"] != gateway_image:
             problems.append(f"{container['name']} runs {container['image']}, gateway runs {gateway_image}")
         resources = container.get("resources", {})
@@ -548,6 +577,21 @@ def test_ray_head_hosts_no_actors_and_no_dashboard(docs: list[dict[str, Any]]) -
     assert ray_head_problems(docs) == []
     assert ray_head_problems(breaking(docs, lambda d: find(d, "RayCluster")["spec"]["headGroupSpec"][
         "rayStartParams"].pop("num-cpus")))
+
+
+def test_gateway_pods_join_the_cluster_as_ray_nodes_without_cpus(docs: list[dict[str, Any]]) -> None:
+    assert gateway_join_problems(docs) == []
+
+    def with_cpus(d: list[dict[str, Any]]) -> None:
+        command = gateway_container(d)["command"]
+        command[2] = command[2].replace("--num-cpus=0", "--num-cpus=1")
+
+    def through_ray_client(d: list[dict[str, Any]]) -> None:
+        command = gateway_container(d)["command"]
+        command[command.index("--ray-address") + 1] = "ray://reactgate-head-svc:10001"
+
+    assert gateway_join_problems(breaking(docs, with_cpus))
+    assert gateway_join_problems(breaking(docs, through_ray_client))
 
 
 def test_ray_workers_autoscale_and_share_the_gateway_image(docs: list[dict[str, Any]]) -> None:
