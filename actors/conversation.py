@@ -38,6 +38,7 @@ log = logging.getLogger("reactgate.conversation")
 class QueuedMessage(msgspec.Struct, frozen=True):
     message_id: str
     text: str
+    trace: dict[str, str] = msgspec.field(default_factory=dict)  # its command's trace (docs/design.md#tracing)
 
 
 class ConversationState(msgspec.Struct, kw_only=True):
@@ -183,9 +184,9 @@ class Conversation:
 
     # -- the mailbox ------------------------------------------------------------------------------
 
-    def user_message(self, message_id: str, text: str) -> None:
+    def user_message(self, message_id: str, text: str, trace: Mapping[str, str] | None = None) -> None:
         """Start a turn, or queue it as a follow-up if one is running (docs/design.md#follow-ups)."""
-        self.state.queue.append(QueuedMessage(message_id, text))
+        self.state.queue.append(QueuedMessage(message_id, text, dict(trace or {})))
         self._kick()
 
     def resume(self) -> None:
@@ -193,11 +194,11 @@ class Conversation:
         if self.state.current is not None or self.state.queue:
             self._kick()
 
-    def steer(self, text: str, message_id: str = "") -> None:
+    def steer(self, text: str, message_id: str = "", trace: Mapping[str, str] | None = None) -> None:
         if self._turn is not None:
             self._turn.steer(text)
         else:  # nothing to steer: the words are a message of their own
-            self.user_message(message_id or f"steer-{self.state.turns + 1}", text)
+            self.user_message(message_id or f"steer-{self.state.turns + 1}", text, trace)
 
     def answer(self, ask_id: str, answer: str) -> bool:
         future = self._answers.get(ask_id)
@@ -366,7 +367,7 @@ class Conversation:
                 else:
                     message = self.state.queue.pop(0)
                     self.state.turns += 1
-                    turn = Turn.new(self, f"t{self.state.turns}", message.message_id, message.text)
+                    turn = Turn.new(self, f"t{self.state.turns}", message.message_id, message.text, message.trace)
                 self._turn = turn
                 try:
                     await turn.run(resumed=resumed)

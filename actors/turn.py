@@ -20,6 +20,7 @@ from typing import Any, Final, Protocol
 
 import msgspec
 
+from actors import tracing
 from actors.catalog import ASK_USER_TOOL, Catalog, Observation, ToolCall, ToolExecutor, Trait
 from actors.context import Step, assemble, ledger_summary, params_digest, system_prompt
 from actors.gates import CONTINUE_EXPLORING, EXPLORATION_MARKER, RoundRules
@@ -264,6 +265,7 @@ class TurnProgress(msgspec.Struct, kw_only=True):
     cut: CutRound | None = None   # recovery found this round cut mid-answer: continue it first
     streaming: bool = False       # taken while round `round_no` was streaming (a command's save)
     tool_calls: int = 0           # calls admitted to run (the tool-calls-per-turn quota)
+    trace: dict[str, str] = msgspec.field(default_factory=dict)  # its message's trace (docs/design.md#tracing)
 
 
 class Turn:
@@ -283,6 +285,8 @@ class Turn:
         self.pending: list[PendingCall] = list(progress.pending)
         self.cut = progress.cut
         self.tool_calls = progress.tool_calls
+        self.trace_parent = progress.trace
+        self._trace = tracing.TurnTrace(ctx.conversation_id, self.turn_id)
         self._partial = False      # the turn ends with an answer that was cut short
         self._streaming = False    # a round's model stream is open
         self._models: list[str] = []  # the models whose deltas the round's engine got
@@ -293,8 +297,9 @@ class Turn:
         self._unobserved: dict[str, ToolCall] = {}  # announced calls still owed an observation
 
     @classmethod
-    def new(cls, ctx: TurnContext, turn_id: str, message_id: str, text: str) -> Turn:
-        return cls(ctx, TurnProgress(turn_id=turn_id, message_id=message_id, text=text))
+    def new(cls, ctx: TurnContext, turn_id: str, message_id: str, text: str,
+            trace: Mapping[str, str] | None = None) -> Turn:
+        return cls(ctx, TurnProgress(turn_id=turn_id, message_id=message_id, text=text, trace=dict(trace or {})))
 
     def progress(self) -> TurnProgress:
         return TurnProgress(
@@ -302,6 +307,7 @@ class Turn:
             round_no=self.round_no, retries=self.retries, observations=self.observations,
             confirmation_required=self.confirmation_required, exploration_stopped=self.exploration_stopped,
             pending=list(self.pending), cut=self.cut, streaming=self._streaming, tool_calls=self.tool_calls,
+            trace=self.trace_parent,
         )
 
     # -- control from the mailbox -----------------------------------------------------------------
@@ -355,6 +361,14 @@ class Turn:
     # -- the loop -----------------------------------------------------------------------------------
 
     async def run(self, *, resumed: bool = False) -> None:
+        """The turn, traced as one span in its message's trace (docs/design.md#tracing)."""
+        self._trace.start(self.trace_parent, message_id=self.message_id, resumed=resumed)
+        try:
+            await self._run(resumed=resumed)
+        finally:
+            self._trace.end()
+
+    async def _run(self, *, resumed: bool) -> None:
         ctx = self.ctx
         if not resumed:
             self._emit(TurnStarted(turn_id=self.turn_id, user_message_id=self.message_id))
@@ -389,6 +403,7 @@ class Turn:
                 self.round_no += 1
                 engine = RoundEngine(self._rules(), turn_id=self.turn_id, round_no=self.round_no)
                 work = self._generate(engine)
+            self._trace.round(self.round_no, str(self.phase))
             try:
                 result = await self._inner_task(work)
             except _Steered:
@@ -514,7 +529,8 @@ class Turn:
             restarted = False
             model = (models or self.ctx.profile_models)[0]  # the one streaming; a fallback moves it on
             try:
-                async with contextlib.aclosing(self.ctx.stream(messages, models)) as stream:  # type: ignore[type-var]
+                call = self._trace.model_call(self.ctx.stream(messages, models), model)
+                async with contextlib.aclosing(call) as stream:  # type: ignore[type-var]
                     async for item in stream:
                         if type(item) is ModelDelta:
                             text = item.text if restart is None else restart.admit(item.text)
@@ -630,6 +646,7 @@ class Turn:
             turn_id=self.turn_id, round=self.round_no, raw=engine.raw_text(), models=tuple(self._models),
             mode=str(engine.rules.mode), agent_state=engine.rules.state, phase=str(self.phase),
         ))
+        self._trace.round_outcome(str(result.outcome))
         if result.thinking:
             self.ctx.record(ThinkingBlock(self.turn_id, self.round_no, result.thinking))
         for notice in result.notices:
@@ -645,6 +662,8 @@ class Turn:
         if record_calls:  # new calls (a resumed batch was recorded, and admitted, before the crash)
             self._record_calls(calls)
             calls = self._admit(calls)
+        for c in calls:
+            self._trace.tool_call(c.call.call_id, c.call.tool_id, str(c.trait))
         self.pending = [PendingCall(c.call.call_id, c.call.tool_id, dict(c.call.params), c.call.code) for c in calls]
         saved = ctx.checkpoint()
         if saved is not None:  # durable before any tool runs: a crash from here re-submits these calls,
@@ -723,6 +742,7 @@ class Turn:
         self.observations += 1
         self.pending = [p for p in self.pending if p.call_id != call.call_id]
         self._unobserved.pop(call.call_id, None)
+        self._trace.tool_observed(call.call_id, None if obs.ok else obs.error or "error", obs.duration_ms)
         result = ToolResult(
             turn_id=self.turn_id, call_id=call.call_id, tool_id=call.tool_id, ok=obs.ok, duration_ms=obs.duration_ms,
             result=dict(obs.result or {}) if obs.ok else None,
@@ -777,6 +797,7 @@ class Turn:
         self._emit(Salvaged(turn_id=self.turn_id, round=self.round_no, answer_chars=len(answer), partial=self._partial))
 
     def _complete(self, reason: EndReason, answer: str, *, finish_ok: bool) -> None:
+        self._trace.ended(str(reason))
         if answer:
             self.ctx.record(FinalBlock(self.turn_id, answer, reason))
         self._emit(TurnCompleted(

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from actors import tracing
 from actors.agent import load_agent
 from actors.conversation import Runtime
 from actors.hosting.backend import Backend
@@ -106,6 +108,7 @@ def ray_config(settings: Settings, setup: AgentSetup) -> RayConfig:
         scripts={SERVE_SCRIPT_NAME: str(setup.script_path)} if setup.script_path else {},
         idle_ttl_s=settings.idle_ttl_s,
         quotas=QuotaLimits.from_settings(settings),
+        otlp_endpoint=otlp_endpoint(settings),
         hosts=settings.hosts,
         address=settings.ray_address,
         local_cpus=settings.ray_cpus,
@@ -118,10 +121,17 @@ def ray_backend(settings: Settings, setup: AgentSetup) -> Backend:
     return RayBackend(ray_config(settings, setup), default_agent=setup.profile.name)
 
 
+def otlp_endpoint(settings: Settings) -> str | None:
+    """Where spans go (docs/design.md#tracing): REACTGATE_OTLP_ENDPOINT, else the standard
+    OTEL_EXPORTER_OTLP_ENDPOINT, else nowhere."""
+    return settings.otlp_endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None
+
+
 def build_backend(settings: Settings) -> Backend:
     if settings.store.startswith("sqlite:///") and not settings.store.startswith("sqlite:///:memory:"):
         Path(settings.store.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     setup = agent_setup(settings)
+    tracing.configure(otlp_endpoint(settings), service="reactgate-gateway")  # the Ray hosts: through their RayConfig
     if settings.backend == "local":
         return local_backend(settings, setup)
     return ray_backend(settings, setup)

@@ -35,6 +35,7 @@ import weakref
 from http import HTTPStatus
 from pathlib import Path
 
+from opentelemetry.context import Context
 from prometheus_client import CONTENT_TYPE_LATEST
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
@@ -42,6 +43,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
+from actors import tracing
 from actors.hosting.backend import (
     Answer,
     Backend,
@@ -106,12 +108,12 @@ def _quota_error(refused: QuotaExceeded, frame_id: str | None = None, conversati
                       resets_at=refused.resets_at_iso)
 
 
-def _command(frame: CommandFrame) -> Command:
+def _command(frame: CommandFrame, trace: dict[str, str]) -> Command:
     match frame:
         case UserMessageFrame():
-            return UserMessage(id=frame.id, text=frame.text)
+            return UserMessage(id=frame.id, text=frame.text, trace=trace)
         case SteerFrame():
-            return Steer(id=frame.id, text=frame.text)
+            return Steer(id=frame.id, text=frame.text, trace=trace)
         case AnswerFrame():
             return Answer(id=frame.id, ask_id=frame.ask_id, answer=frame.answer)
         case SetModeFrame():
@@ -305,7 +307,8 @@ class GatewayServer:
         if refused is not None:
             await self._refuse_connection(ws, caller.owner.tenant, refused)
             return
-        session = Session(ws, caller.owner, self.backend, self.settings, self.metrics, expires_at=caller.expires_at)
+        session = Session(ws, caller.owner, self.backend, self.settings, self.metrics, expires_at=caller.expires_at,
+                          trace_parent=_upgrade_trace(ws.request))
         self.sessions.add(session)
         self._connections.update(held)
         self.metrics.connections_total.inc()
@@ -431,7 +434,9 @@ class GatewayServer:
                     await backend.open(owner, cid, None, None)  # forbidden for anything not owned
                 session.send(Ack(id=frame.id, status="accepted", conversation_id=cid))
             case UserMessageFrame() | SteerFrame() | AnswerFrame() | SetModeFrame() | CancelFrame():
-                status = await backend.command(owner, frame.conversation_id, _command(frame))
+                kind = type(frame).__struct_config__.tag
+                with tracing.command(session.trace_parent, frame.conversation_id, str(kind), frame.id) as trace:
+                    status = await backend.command(owner, frame.conversation_id, _command(frame, trace))
                 session.send(Ack(id=frame.id, status=status, conversation_id=frame.conversation_id))
             case DeleteFrame():
                 # Its watchers, on this connection too, get `conversation.deleted` from the backend; like
@@ -443,6 +448,17 @@ class GatewayServer:
                 session.send(Ack(id=frame.id, status=export.status, conversation_id=frame.conversation_id,
                                  last_seq=export.last_seq))
                 session.export(frame.id, frame.conversation_id, export)  # after the ack, on the same queue
+
+
+def _upgrade_trace(request: Request | None) -> Context | None:
+    """The W3C trace context a client sent with its WebSocket upgrade (docs/design.md#tracing): one
+    `traceparent`, its `tracestate` lines joined. None without one (each command then starts a trace)."""
+    if request is None or not tracing.active():
+        return None
+    parents = request.headers.get_all("traceparent")
+    if len(parents) != 1:  # several: none of them is the caller's trace
+        return None
+    return tracing.parent({"traceparent": parents[0], "tracestate": ",".join(request.headers.get_all("tracestate"))})
 
 
 def _response(status: HTTPStatus, body: bytes, content_type: str) -> Response:

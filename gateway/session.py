@@ -30,6 +30,7 @@ from collections.abc import AsyncIterator, Callable
 from enum import Enum
 from typing import Protocol
 
+from opentelemetry.context import Context
 from websockets.exceptions import ConnectionClosed
 
 from actors.hosting.backend import Backend, Export, Forbidden, Owner
@@ -112,8 +113,10 @@ class Session:
         metrics: GatewayMetrics,
         *,
         expires_at: float | None = None,
+        trace_parent: Context | None = None,
     ) -> None:
         self.sink = sink
+        self.trace_parent = trace_parent  # the upgrade's W3C trace: its commands' spans join it (docs/design.md#tracing)
         self.owner = owner
         self.backend = backend
         self.metrics = metrics

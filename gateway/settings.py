@@ -66,6 +66,9 @@ class Settings(BaseSettings):
     idle_ttl_s: float = Field(default=600.0, gt=0)
     # permessage-deflate: ~64 KiB of memory per connection instead of ~14 KiB (measured); off by default
     compression: bool = False
+    # OpenTelemetry (docs/design.md#tracing): a collector's OTLP/HTTP base URL, e.g.
+    # http://otel-collector:4318; unset, OTEL_EXPORTER_OTLP_ENDPOINT is used; neither: no tracing.
+    otlp_endpoint: str | None = None
     # Quotas per user and per tenant (docs/design.md#quotas; the table: actors/quotas.py QUOTAS).
     # 0: no limit (still counted). Enforced by the hosts and the backends, not only this gateway.
     quota_open_conversations_per_user: int = Field(default=1_000, ge=0)

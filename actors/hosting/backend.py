@@ -7,8 +7,8 @@ once (docs/design.md#hosting).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from actors.quotas import TenantUsage
@@ -63,12 +63,16 @@ class Opened:
 class UserMessage:
     id: str
     text: str
+    # The W3C context of the gateway's span for this command: the turn it starts joins that trace,
+    # on whichever host runs it (docs/design.md#tracing). Empty when nothing is traced.
+    trace: Mapping[str, str] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
 class Steer:
     id: str
     text: str
+    trace: Mapping[str, str] = field(default_factory=dict, compare=False)  # as UserMessage's
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ class RayConfig:
     quotas: QuotaLimits = field(default_factory=QuotaLimits)  # what the hosts enforce (docs/design.md#quotas)
     tool_max_concurrency_per_conversation: int = 4
     tool_max_concurrency_global: int = 64
+    otlp_endpoint: str | None = None    # the gateway's collector: hosts export their spans there too (docs/design.md#tracing)
     # The cluster's shape.
     hosts: int = 2                      # sharded ConversationHosts (reactgate-host-<i>)
     host_num_cpus: float = 0.0          # CPUs each host reserves from Ray's scheduler

@@ -27,6 +27,7 @@ from typing import Any
 
 import ray
 
+from actors import tracing
 from actors.conversation import Runtime
 from actors.hosting.backend import Command, ConfigurationReplaced
 from actors.hosting.host import HostCore
@@ -85,6 +86,7 @@ class ConversationHost:
         self.name = name
         self.incarnation = uuid.uuid4().hex
         self.config = config
+        tracing.configure(config.otlp_endpoint, service="reactgate-host")  # none: no exporter, no cost
         self.generation = config.generation
         self._draining = False
         self._drainer: asyncio.Task[None] | None = None
