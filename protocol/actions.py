@@ -28,7 +28,12 @@ class ActionType(StrEnum):
 
     @property
     def is_final(self) -> bool:
-        return self is not ActionType.CALL_TOOL
+        return self is not _CALL_TOOL  # asked per answer delta (by the gate)
+
+
+# Enum members read per delta are bound once: on Python 3.11 reading one through its class
+# (`ActionType.CALL_TOOL`) costs ~0.15 µs each time.
+_CALL_TOOL: Final = ActionType.CALL_TOOL
 
 
 @dataclass(frozen=True, slots=True)

@@ -91,9 +91,11 @@ ParserEvent = (
 
 _OPEN_TAG = re.compile(r"<channel:([a-z_]{1,32})>")
 _TAG_PREFIX_MAX: Final = len("</channel:") + 32 + 1
+_OPEN_TAG_START = re.compile(r"<(c(h(a(n(n(e(l(:[a-z_]*)?)?)?)?)?)?)?)?")  # what a cut opening tag can be
 _WS = re.compile(r"[ \t\n\r]*")
 _TEXT_CHANNELS: Final = {c.value: c for c in (Channel.THINKING, Channel.CODE, Channel.SUMMARY)}
 _CHANNELS: Final = {c.value: c for c in Channel}  # by tag name; a dict lookup, not Channel(name), per delta
+_ACTION_BLOCK: Final = Channel.ACTION.value  # read per delta: a plain str, not an Enum member lookup
 
 
 def _close_tag(channel: str) -> str:
@@ -125,7 +127,7 @@ class ChannelParser:
             block = self._block
             if block is None:
                 pos = self._between_blocks(text, pos, events)
-            elif block == Channel.ACTION:
+            elif block == _ACTION_BLOCK:
                 pos = self._in_action(text, pos, events)
             else:
                 pos = self._in_text_block(text, pos, events)
@@ -169,7 +171,7 @@ class ChannelParser:
         m = _OPEN_TAG.match(text, pos)
         if m is None:
             rest = text[pos:]
-            if len(rest) < _TAG_PREFIX_MAX and re.fullmatch(r"<(c(h(a(n(n(e(l(:[a-z_]*)?)?)?)?)?)?)?)?", rest):
+            if len(rest) < _TAG_PREFIX_MAX and _OPEN_TAG_START.fullmatch(rest):
                 self._held = rest
                 return -1
             events.append(ChannelViolation("text outside the channel blocks"))
