@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
@@ -30,7 +31,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from websockets.asyncio.client import connect
 
 from actors import tracing
+from actors.conversation import ConversationState, QueuedMessage
 from actors.tracing import SPANS, SpanName, TurnTrace
+from actors.turn import TurnProgress
 from gateway.app import otlp_endpoint
 from gateway.settings import Settings
 from tests.e2e import RayHosting, local_server, ray_hosting, ray_server, weather_then_answer
@@ -110,6 +113,23 @@ def test_the_endpoint_is_reactgate_otlp_endpoint_else_the_standard_variable(monk
     assert otlp_endpoint(Settings()) == "http://ours:4318"
     assert tracing.traces_url("http://ours:4318/") == "http://ours:4318/v1/traces"
     assert tracing.traces_url("http://ours:4318/v1/traces") == "http://ours:4318/v1/traces"
+
+
+# -- the trace survives a checkpoint ------------------------------------------------------------
+
+
+def test_a_queued_message_and_a_running_turn_keep_their_trace_in_the_snapshot() -> None:
+    carried = {"traceparent": TRACEPARENT}
+    state = ConversationState(conversation_id="c_1", agent="demo", queue=[QueuedMessage("m2", "later", carried)],
+                              current=TurnProgress(turn_id="t1", message_id="m1", text="now", trace=carried))
+    again = ConversationState.decode(state.encode())
+    assert again.queue[0].trace == carried and again.current is not None and again.current.trace == carried
+    # A snapshot written before traces were kept decodes with none.
+    old = msgspec.msgpack.encode({"conversation_id": "c_1", "agent": "demo",
+                                  "queue": [{"message_id": "m2", "text": "later"}],
+                                  "current": {"turn_id": "t1", "message_id": "m1", "text": "now"}})
+    decoded = ConversationState.decode(old)
+    assert decoded.queue[0].trace == {} and decoded.current is not None and decoded.current.trace == {}
 
 
 # -- a loopback OTLP/HTTP collector -------------------------------------------------------------
