@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.jsonstream import MAX_DEPTH, JsonStream, Path
+from protocol.jsonstream import MAX_DEPTH, SCAN_MIN_CHARS, JsonStream, Path
 
 
 def parse(deltas: list[str]) -> JsonStream:
@@ -182,6 +182,7 @@ STRING_PIECES = [
     '"', "\\", '\\"', "\\\\", "\\\\\\\"", "\\n", "\\t", "\\/", "\\u", "\\u00e9", "\\u0022", "\\u005c", "\\ud83d",
     "\\ude00", "\\uDC00", "\\uD834\\uDD1E", "\\ud83d\\u0041", "\\u12", "\\x", "\ud83d", "\x00", "\x1f", "\x7f",
     "\n", " ", "a", "é", "😀", "<", "{", "}", "[", "]", ":", ",", "1", "-2.5e3", "true", "nul",
+    "x" * 50, "é—" * 30,  # long enough for the whole-run scan (SCAN_MIN_CHARS)
 ]
 OPENERS = ["", '"', '{"final_answer": "', '["x", "', '{"a": {"b": ["']
 json_like_texts = st.builds(
@@ -244,7 +245,8 @@ def test_string_characters_equal_json_loads_at_any_chunking(value: str, ensure_a
     "ab\\", "ab\\u12", "a\x1fb", "a\\qb", 'a\\"b\\ud83d',
 ])
 def test_strings_cut_at_every_position_report_the_same_events(body: str) -> None:
-    text = '{"final_answer": "' + body + '", "n": 1}'
+    pad = "x" * SCAN_MIN_CHARS  # each side of the cut is long enough for the whole-run scan
+    text = '{"final_answer": "' + pad + body + pad + '", "n": 1}'
     whole = events_of([text])
     for cut in range(len(text) + 1):
         assert events_of([text[:cut], text[cut:]]) == whole, cut
