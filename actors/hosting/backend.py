@@ -108,15 +108,15 @@ class Export:
 
 
 class Backend(Protocol):
-    async def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
-
     # The configuration generation this backend serves (docs/design.md#generations): shown on /readyz
     # and /metrics. None where nothing outlives the process (the local backend).
     generation: str | None
     # Set by the server before `start`; a backend whose generation is replaced calls it once.
     on_replaced: Callable[[ConfigurationReplaced], None] | None
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
 
     async def open(
         self, owner: Owner, conversation_id: str | None, agent: str | None, mode: str | None

@@ -52,7 +52,7 @@ class RayConfig:
     @cached_property
     def sections(self) -> dict[str, str]:
         runtime = (self.idle_ttl_s, sorted(self.quotas.values.items()),
-                   self.tool_max_concurrency_per_conversation, self.tool_max_concurrency_global)
+                   self.tool_max_concurrency_per_conversation, self.tool_max_concurrency_global, self.otlp_endpoint)
         return generations.sections(self.store_url, self.registry, self.profiles, self.scripts, runtime)
 
     @cached_property
