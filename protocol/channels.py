@@ -14,9 +14,10 @@ parser's or a decoder's state (docs/design.md#one-decoder).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
+
+import msgspec
 
 from protocol.actions import Action, ActionDecoder, ActionType
 
@@ -28,27 +29,23 @@ class Channel(StrEnum):
     SUMMARY = "summary"
 
 
-@dataclass(frozen=True, slots=True)
-class BlockOpened:
+class BlockOpened(msgspec.Struct, frozen=True):
     channel: Channel
     index: int          # the action's ordinal for action blocks, else 0
 
 
-@dataclass(frozen=True, slots=True)
-class BlockText:
+class BlockText(msgspec.Struct, frozen=True):
     channel: Channel    # thinking, code or summary (action text goes through the decoder)
     text: str
 
 
-@dataclass(frozen=True, slots=True)
-class BlockClosed:
+class BlockClosed(msgspec.Struct, frozen=True):
     """A thinking, code or summary block closed (an action block ends with `ActionClosed`)."""
 
     channel: Channel
 
 
-@dataclass(frozen=True, slots=True)
-class ActionTyped:
+class ActionTyped(msgspec.Struct, frozen=True):
     """The action type — and for call_tool the tool id — is determined: the gate may decide."""
 
     index: int
@@ -56,22 +53,19 @@ class ActionTyped:
     tool_id: str | None
 
 
-@dataclass(frozen=True, slots=True)
-class AnswerText:
+class AnswerText(msgspec.Struct, frozen=True):
     index: int
     text: str           # decoded (JSON-unescaped) final_answer characters
 
 
-@dataclass(frozen=True, slots=True)
-class ActionFailed:
+class ActionFailed(msgspec.Struct, frozen=True):
     """The action's text can no longer become a valid action (said once, as soon as it is so)."""
 
     index: int
     error: str
 
 
-@dataclass(frozen=True, slots=True)
-class ActionClosed:
+class ActionClosed(msgspec.Struct, frozen=True):
     """An action block ended: its verdict, from the same decoder that streamed it."""
 
     index: int
@@ -80,11 +74,12 @@ class ActionClosed:
     cut: bool = False   # the stream ended inside the block
 
 
-@dataclass(frozen=True, slots=True)
-class ChannelViolation:
+class ChannelViolation(msgspec.Struct, frozen=True):
     message: str
 
 
+# The events are frozen msgspec Structs, not frozen dataclasses: one or more is built per delta, and
+# a Struct is built in ~0.1 µs where a frozen dataclass's __init__ takes ~0.4 µs.
 ParserEvent = (
     BlockOpened | BlockText | BlockClosed | ActionTyped | AnswerText | ActionFailed | ActionClosed | ChannelViolation
 )
