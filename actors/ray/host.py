@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import time
@@ -124,6 +125,7 @@ class ConversationHost:
                 core.start()
                 self._core = core
                 self._start_heartbeat()
+                gc.freeze()  # the loaded process out of the collector's sight: as in gateway/server.py
         return self._core
 
     async def _claim(self, conversation_id: str) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import ipaddress
 import math
 import random
@@ -195,6 +196,7 @@ class LoadRunner:
 
     async def run(self) -> Result:
         cfg = self.config
+        gc.freeze()  # what is loaded stays: a full collection must not stall 300 sockets' reads mid-run
         start = time.monotonic()
         send_until = start + cfg.duration_s
         hard_deadline = send_until + cfg.drain_timeout_s
