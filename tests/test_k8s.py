@@ -315,8 +315,8 @@ def ray_head_problems(docs: list[dict[str, Any]]) -> list[str]:
 
 
 # The gateway pod joins the cluster as a Ray node of its own (k8s/README.md#gateways-and-the-cluster):
-# `sh -c SCRIPT reactgate serve …`, the script starting the node and exec-ing the server.
-JOIN_SCRIPT = re.compile(r'^ray start --address=(\S+) --num-cpus=0 (?:--\S+ )*--block & exec "\$0" "\$@"$')
+# `sh -c SCRIPT reactgate serve …`, the script starting the node and, once it started, exec-ing the server.
+JOIN_SCRIPT = re.compile(r'^ray start --address=(\S+) --num-cpus=0 (?:--\S+ )*&& exec "\$0" "\$@"$')
 
 
 def gateway_join_problems(docs: list[dict[str, Any]]) -> list[str]:
