@@ -82,7 +82,7 @@ def litellm_token_counter(model: str) -> TokenCounter:
 def _count_one(model: str, message: tuple[tuple[str, str], ...]) -> int:
     """One message's count, kept: the context is counted message by message before every model call
     (actors/context.py `assemble`), and a message's count never changes. Uncached, this was the
-    largest item of a host's CPU at 300 conversations (bench/README.md#load_300py)."""
+    largest item of a host's CPU at 300 conversations (bench/README.md, `load_300.py`)."""
     import litellm
 
     return int(litellm.token_counter(model=model, messages=[dict(message)]))

@@ -160,7 +160,7 @@ class GatewayServer:
         self._backend_started = True
         # What is loaded by now (LiteLLM, the agent, the backend) lives as long as the process: out of
         # the collector's sight, a full collection no longer walks it on the event loop (it stalled
-        # every stream for 200–330 ms, about once a second, at 300 conversations: bench/README.md#load_300py).
+        # every stream for 200–330 ms, about once a second, at 300 conversations: bench/README.md, `load_300.py`).
         gc.freeze()
         self.metrics.config.info({"generation": self.backend.generation or "local"})
         try:

@@ -299,7 +299,7 @@ class ConversationHost:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), timeout_s)
         # At most one answer per POLL_GATHER_S: under load the events of many conversations gather
-        # into one Ray call instead of one call per event or two (bench/README.md#load_300py).
+        # into one Ray call instead of one call per event or two (bench/README.md, `load_300.py`).
         gather = previous + POLL_GATHER_S - time.monotonic()
         if gather > 0:
             await asyncio.sleep(gather)
