@@ -110,6 +110,7 @@ def ray_config(settings: Settings, setup: AgentSetup) -> RayConfig:
         quotas=QuotaLimits.from_settings(settings),
         otlp_endpoint=otlp_endpoint(settings),
         hosts=settings.hosts,
+        actor_resource=settings.ray_actor_resource,
         address=settings.ray_address,
         local_cpus=settings.ray_cpus,
     )

@@ -29,6 +29,9 @@ class Settings(BaseSettings):
     # `ray_cpus` is num_cpus of a Ray this process starts when `ray_address` is unset.
     hosts: int = Field(default=2, gt=0)
     ray_cpus: int = Field(default=2, gt=0)
+    # A custom Ray resource only the nodes meant for reactgate's actors offer (RayConfig.actor_resource;
+    # k8s/raycluster.yaml's worker group). Unset: actors run wherever Ray puts them.
+    ray_actor_resource: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$")
     # Who may connect (gateway/auth.py, README.md#security). Tokens are verified with exactly one
     # key source: the HS256 `auth_secret`, or an RS256/ES256 public key (a PEM file, or a JWKS file
     # whose keys are picked by `kid`). Any of them counts as "auth configured" for `check_bind`.

@@ -600,11 +600,13 @@ def test_the_ray_config_is_built_from_the_gateway_settings(monkeypatch: pytest.M
 
     monkeypatch.setenv("REACTGATE_HOSTS", "3")      # the variable names of before, now settings
     monkeypatch.setenv("REACTGATE_RAY_CPUS", "4")
+    monkeypatch.setenv("REACTGATE_RAY_ACTOR_RESOURCE", "reactgate_actors")
     settings = Settings(store="postgresql://reactgate:pw-in-dsn@db:5432/reactgate",
                         ray_address="ray://head:10001", idle_ttl_s=30)
     setup = agent_setup(settings)
     config = ray_config(settings, setup)
     assert (config.hosts, config.local_cpus, config.address, config.idle_ttl_s) == (3, 4, "ray://head:10001", 30)
+    assert config.actor_resource == "reactgate_actors"
     assert config.store_url == settings.store and config.registry is setup.registry
     assert list(config.profiles) == [setup.profile.name]
     assert "pw-in-dsn" not in repr(config)          # the DSN travels in it, but never into a log line

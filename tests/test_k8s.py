@@ -746,3 +746,20 @@ def test_the_grafana_dashboard_queries_only_metrics_a_gateway_exports() -> None:
     dashboard = json.loads((K8S_DIR / "grafana-dashboard.json").read_text(encoding="utf-8"))
     queried = {name for p in dashboard["panels"] for t in p["targets"] for name in re.findall(r"reactgate_\w+", t["expr"])}
     assert queried and queried <= exported, sorted(queried - exported)
+
+
+def test_reactgate_actors_are_placed_only_on_the_worker_group(docs: list[dict[str, Any]]) -> None:
+    # An actor asking Ray for no resource stays on its creator's node: the gateway pod's. The hosts,
+    # tool pools and Directory ask for a sliver of a resource only the worker group offers.
+    env = {e["name"]: e.get("value") for e in gateway_container(docs).get("env", [])}
+    resource = env["REACTGATE_RAY_ACTOR_RESOURCE"]
+    assert Settings(ray_actor_resource=resource).ray_actor_resource == resource  # a name the gateway accepts
+    spec = find(docs, "RayCluster")["spec"]
+
+    def offered(group: dict[str, Any]) -> dict[str, float]:
+        raw = group.get("rayStartParams", {}).get("resources")
+        return dict(json.loads(json.loads(raw))) if raw else {}  # KubeRay passes it quoted: '"{...}"'
+
+    assert resource not in offered(spec["headGroupSpec"])
+    assert spec["workerGroupSpecs"] and all(offered(g).get(resource, 0) >= 1 for g in spec["workerGroupSpecs"])
+    assert "--resources" not in " ".join(gateway_container(docs)["command"])  # the gateway's own node offers none

@@ -119,3 +119,10 @@ def test_a_conversation_released_by_a_draining_host_moves_to_the_current_generat
     assert table.place("c-1") in {"new-0", "new-1"}
     assert table.host_failed("old-0") == []
     assert not table.alive("old-0")
+
+
+def test_ray_actor_options_ask_for_a_sliver_of_the_actor_resource_only_when_one_is_named() -> None:
+    from actors.ray.names import placement
+
+    assert placement(None) == {}
+    assert placement("reactgate_actors") == {"resources": {"reactgate_actors": 0.001}}

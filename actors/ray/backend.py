@@ -39,7 +39,7 @@ from actors.quotas import TenantUsage
 from actors.ray.config import RayConfig
 from actors.ray.directory import Directory
 from actors.ray.host import Relocated, WrongHost
-from actors.ray.names import DIRECTORY_NAME, NAMESPACE, get_or_create, tool_pool
+from actors.ray.names import DIRECTORY_NAME, NAMESPACE, get_or_create, placement, tool_pool
 from actors.ray.tool_pool import ToolPoolActor
 from actors.store import Store, store_from_url
 from protocol.events import Event
@@ -127,10 +127,10 @@ class RayBackend:
             self._init_ray()
             self._started_ray = True
         await self.store.open()
-        self._directory = get_or_create(Directory, DIRECTORY_NAME)
+        self._directory = get_or_create(Directory, DIRECTORY_NAME, **placement(self.config.actor_resource))
         generation = self.config.generation
         log.info("serving configuration generation %s", generation)
-        get_or_create(ToolPoolActor, tool_pool(generation), self.config)
+        get_or_create(ToolPoolActor, tool_pool(generation), self.config, **placement(self.config.actor_resource))
         sharded = any(p.placement == "sharded" for p in self.profiles.values())
         # Makes this generation current: the one it replaces drains (docs/design.md#generations).
         names = await self._directory.ensure_hosts.remote(self.config.hosts if sharded else 0, self.config)
@@ -151,8 +151,9 @@ class RayBackend:
         system_config: dict[str, Any] = {}
         if self.config.worker_niceness is not None:
             system_config["worker_niceness"] = self.config.worker_niceness
-        ray.init(address="local", num_cpus=self.config.local_cpus, namespace=NAMESPACE, include_dashboard=False,
-                 _system_config=system_config)
+        resources = {self.config.actor_resource: 1_000.0} if self.config.actor_resource else None
+        ray.init(address="local", num_cpus=self.config.local_cpus, resources=resources, namespace=NAMESPACE,
+                 include_dashboard=False, _system_config=system_config)
         log.info("started a local Ray with %d CPUs", self.config.local_cpus)
 
     async def _wait_for_hosts(self, timeout_s: float = 120.0) -> None:

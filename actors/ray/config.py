@@ -32,8 +32,13 @@ class RayConfig:
     tool_max_concurrency_global: int = 64
     otlp_endpoint: str | None = None    # the gateway's collector: hosts export their spans there too (docs/design.md#tracing)
     # The cluster's shape.
-    hosts: int = 2                      # sharded ConversationHosts (reactgate-host-<i>)
+    hosts: int = 2                      # sharded ConversationHosts (reactgate-host-<generation>-<i>)
     host_num_cpus: float = 0.0          # CPUs each host reserves from Ray's scheduler
+    # Where the Directory, tool pools and hosts may run: a custom resource only the nodes meant for
+    # them offer (on Kubernetes the worker group, never a gateway pod's node). Ray places an actor
+    # that asks for no resource on its creator's node: without this, hosts would run in the
+    # gateway's pod. None: anywhere (a local Ray, tests).
+    actor_resource: str | None = None
     # Joining a cluster, or starting a local one when `address` is None.
     address: str | None = None          # e.g. ray://head:10001
     local_cpus: int = 2                 # num_cpus of a Ray started here

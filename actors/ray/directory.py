@@ -45,6 +45,7 @@ from actors.ray.names import (
     dedicated_host,
     generation_of,
     is_dedicated,
+    placement,
     sharded_host,
     sharded_index,
     tool_pool,
@@ -184,6 +185,7 @@ class Directory:
         try:
             handle = ConversationHost.options(  # type: ignore[attr-defined]
                 name=name, namespace=NAMESPACE, lifetime="detached", num_cpus=num_cpus,
+                **placement(config.actor_resource),
             ).remote(name, config)
         except ValueError:
             return False  # the name is taken: by a process that just died, or by another creation

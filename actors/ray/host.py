@@ -35,7 +35,7 @@ from actors.hosting.host import HostCore
 from actors.llm.scripts import register_script
 from actors.llm.stream import stream_model, warm_up
 from actors.ray.config import RayConfig
-from actors.ray.names import DIRECTORY_NAME, NAMESPACE, get_or_create, is_dedicated, tool_pool
+from actors.ray.names import DIRECTORY_NAME, NAMESPACE, get_or_create, is_dedicated, placement, tool_pool
 from actors.ray.tool_pool import ToolPoolActor, ToolPoolClient
 from actors.store import store_from_url
 from protocol.events import Event
@@ -115,7 +115,8 @@ class ConversationHost:
                 await store.open()
                 await warm_up()
                 # Created by the gateway before the hosts; created here if a rollback raced its removal.
-                pool = get_or_create(ToolPoolActor, tool_pool(self.generation), self.config)
+                pool = get_or_create(ToolPoolActor, tool_pool(self.generation), self.config,
+                                     **placement(self.config.actor_resource))
                 runtime = Runtime(registry=self.config.registry, tools=ToolPoolClient(pool), stream_model=stream_model,
                                   quotas=self.config.quotas)
                 core = HostCore(

@@ -43,6 +43,14 @@ def generation_of(host: str) -> str | None:
     return None
 
 
+ACTOR_RESOURCE_SHARE = 0.001            # of `RayConfig.actor_resource`: a placement constraint, not a budget
+
+
+def placement(actor_resource: str | None) -> dict[str, Any]:
+    """Ray actor options that keep an actor on the nodes offering `actor_resource` (if any)."""
+    return {"resources": {actor_resource: ACTOR_RESOURCE_SHARE}} if actor_resource else {}
+
+
 def get_or_create(actor_cls: Any, name: str, *args: Any, **options: Any) -> Any:
     """Create a named actor, or take the one that exists. Creation is atomic in Ray's GCS: of two
     racing creators, one gets ValueError and takes the winner's actor (never get_if_exists, which
