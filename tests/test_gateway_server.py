@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import time
 
@@ -543,3 +544,20 @@ async def test_error_frames_are_json_objects_with_code_and_message() -> None:
         raw = await asyncio.wait_for(c.ws.recv(), TIMEOUT)
         assert isinstance(raw, str)
         assert set(json.loads(raw)) == {"type", "code", "message"}
+
+
+async def test_connections_are_not_logged_at_info(caplog: pytest.LogCaptureFixture) -> None:
+    # 9,000 idle clients once meant 18,000 INFO lines; per-connection lines are DEBUG, counts are metrics.
+    caplog.set_level(logging.INFO)
+    async with running() as h:
+        for _ in range(3):
+            async with h.client() as c:
+                await c.request(type="ping")
+        _, _, body = await http_get(h.host, h.port, "/metrics")
+        assert "reactgate_connections_opened_total 3.0" in body.decode()
+    assert not [r for r in caplog.records if r.levelno >= logging.INFO and "connection" in r.getMessage()]
+    caplog.clear()
+    caplog.set_level(logging.DEBUG)
+    async with running() as h, h.client() as c:
+        await c.request(type="ping")
+    assert any(r.getMessage() == "connection open" for r in caplog.records)  # still there, at DEBUG
