@@ -1,8 +1,14 @@
-"""The multi-node rehearsal (bench/cluster_rehearsal.py, issue 11), shortened: a two-node `ray
-start` cluster with token auth, two gateways on PostgreSQL behind one front door, clients streaming,
-then a gateway drained (SIGTERM), the other killed (SIGKILL), the worker node's raylet killed
-mid-answer, and a changed agent profile rolled out. Every step must lose, duplicate, reorder or garble nothing, run no turn twice and no
-tool call other than once — and must have hit the clients, or it proved nothing.
+"""The multi-node rehearsal (bench/cluster_rehearsal.py), shortened: a two-node `ray start` cluster
+with token auth, two gateways on PostgreSQL behind one front door, clients streaming, then a gateway
+drained (SIGTERM, step 1) and the worker node's raylet killed mid-answer (step 3). Every step must
+lose, duplicate, reorder or garble nothing, run no turn twice and no tool call other than once — and
+must have hit the clients, or it proved nothing.
+
+Steps 2 (a gateway SIGKILLed) and 4 (a changed profile rolled out) each start more gateways, which
+takes minutes here: the full bench runs them (its table is in bench/README.md). Shorter tests
+cover most of what they show — a gateway process SIGKILLed and restarted in
+tests/test_e2e_process.py, a changed configuration on one Ray cluster in tests/test_generations.py;
+turns running on in the hosts while no gateway is up is shown by the full bench only.
 
 The bench runs in a subprocess of its own (it is a Ray driver; this process stays out of Ray) and
 writes its table as JSON. No time is asserted: how long clients took to resume is the bench's to print.
@@ -19,7 +25,8 @@ from typing import Any
 
 import pytest
 
-pytestmark = [pytest.mark.ray, pytest.mark.postgres, pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.postgres, pytest.mark.slow,
+              pytest.mark.timeout(600)]  # the fixture starts a cluster and two gateway processes
 
 REPO = Path(__file__).resolve().parents[1]
 ZEROS = ("lost", "duplicated", "out_of_order", "garbled", "failed_turns", "double_activated", "tools_not_once")
@@ -32,7 +39,8 @@ def rehearsal(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     require_service("PostgreSQL", "127.0.0.1", 5432)
     out = tmp_path_factory.mktemp("rehearsal") / "rehearsal.json"
     env = {**os.environ, "REACTGATE_TEST_POSTGRES": POSTGRES_DSN}
-    done = subprocess.run([sys.executable, str(REPO / "bench" / "cluster_rehearsal.py"), "--quick", "--json", str(out)],
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "cluster_rehearsal.py"), "--quick", "--steps", "13",
+                           "--json", str(out)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert out.exists(), done.stdout[-3000:] + done.stderr[-5000:]
     data: dict[str, Any] = json.loads(out.read_text())
@@ -46,7 +54,7 @@ def row(data: dict[str, Any], step: str) -> dict[str, Any]:
     return found
 
 
-@pytest.mark.parametrize("step", ["1", "2", "3", "4"])
+@pytest.mark.parametrize("step", ["1", "3"])
 def test_each_fault_loses_duplicates_garbles_and_double_runs_nothing(rehearsal: dict[str, Any], step: str) -> None:
     r = row(rehearsal, step)
     assert {k: r[k] for k in ZEROS} == dict.fromkeys(ZEROS, 0), rehearsal["output"]
@@ -58,23 +66,11 @@ def test_a_drained_gateway_sends_its_clients_to_the_other(rehearsal: dict[str, A
     assert row(rehearsal, "1")["reconnected"] > 0, rehearsal["output"]
 
 
-def test_turns_run_on_while_no_gateway_is_up(rehearsal: dict[str, Any]) -> None:
-    r = row(rehearsal, "2")
-    assert r["reconnected"] > 0 and r["done_unwatched"] > 0, rehearsal["output"]
-
-
 def test_a_lost_node_cuts_answers_that_are_then_continued(rehearsal: dict[str, Any]) -> None:
     r = row(rehearsal, "3")
     assert r["cut_mid_answer"] > 0, rehearsal["output"]       # the fault landed mid-answer
     assert "worker" not in rehearsal["placements"]["after step 3"].values()
 
 
-def test_a_changed_profile_reaches_existing_conversations_and_the_old_hosts_exit(rehearsal: dict[str, Any]) -> None:
-    r = row(rehearsal, "4")
-    # every next turn ran the new profile's tool, and no actor of the old generation was left
-    # (either would be a failure in the row, checked above)
-    assert r["new_profile_turns"] == r["conversations"] > 0, rehearsal["output"]
-
-
 def test_the_table_is_printed(rehearsal: dict[str, Any]) -> None:
-    assert "lost" in rehearsal["output"] and "4 profile change" in rehearsal["output"]
+    assert "lost" in rehearsal["output"] and "3 SIGKILL worker raylet" in rehearsal["output"]
