@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -39,9 +40,15 @@ def rehearsal(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     require_service("PostgreSQL", "127.0.0.1", 5432)
     out = tmp_path_factory.mktemp("rehearsal") / "rehearsal.json"
     env = {**os.environ, "REACTGATE_TEST_POSTGRES": POSTGRES_DSN}
-    done = subprocess.run([sys.executable, str(REPO / "bench" / "cluster_rehearsal.py"), "--quick", "--steps", "13",
-                           "--json", str(out)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    bench = subprocess.Popen([sys.executable, str(REPO / "bench" / "cluster_rehearsal.py"), "--quick", "--steps", "13",
+                              "--json", str(out)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    try:
+        stdout, stderr = bench.communicate(timeout=480)
+    except subprocess.TimeoutExpired:
+        bench.send_signal(signal.SIGINT)  # the bench stops its cluster and gateways on the way out
+        stdout, stderr = bench.communicate(timeout=60)
+    done = subprocess.CompletedProcess(bench.args, bench.returncode, stdout, stderr)
     assert out.exists(), done.stdout[-3000:] + done.stderr[-5000:]
     data: dict[str, Any] = json.loads(out.read_text())
     assert data["error"] is None, data["error"] + "\n" + done.stdout[-3000:]
