@@ -29,8 +29,8 @@ from actors.ray.config import RayConfig
 from actors.ray.generation import differences
 from actors.ray.names import NAMESPACE, generation_of, sharded_host, tool_pool
 from actors.tools.demo import demo_registry
-from protocol.events import Event
 from tests.roundkit import action, call, thinking
+from tests.watchkit import Watch, contiguous
 
 OWNER = Owner(tenant="acme", sub="alice")
 TIMEOUT = 90.0
@@ -140,34 +140,8 @@ async def _gone(name: str) -> bool:
     return not _actor_exists(name)
 
 
-class Watch:
-    def __init__(self, backend: RayBackend, cid: str, after: int = 0) -> None:
-        self.events: list[Event] = []
-        self.changed = asyncio.Event()
-        self.task = asyncio.get_running_loop().create_task(self._run(backend, cid, after))
-
-    async def _run(self, backend: RayBackend, cid: str, after: int) -> None:
-        async for batch in backend.subscribe(OWNER, cid, after):
-            self.events.extend(batch)
-            self.changed.set()
-
-    async def until_event(self, name: str, count: int = 1) -> None:
-        async def wait() -> None:
-            while sum(e.event == name for e in self.events) < count:
-                self.changed.clear()
-                await self.changed.wait()
-        await asyncio.wait_for(wait(), TIMEOUT)
-
-    async def stop(self) -> None:
-        self.task.cancel()
-        await asyncio.gather(self.task, return_exceptions=True)
-
-    def answers(self) -> list[str]:
-        return [e.data.final_answer for e in self.events if e.event == "turn.completed"]
-
-
-def contiguous(events: list[Event], first: int = 1) -> bool:
-    return [e.seq for e in events] == list(range(first, first + len(events)))
+def answers(watch: Watch) -> list[str]:
+    return [done.final_answer for done in watch.completed()]
 
 
 @pytest.mark.ray
@@ -182,18 +156,18 @@ async def test_a_gateway_with_another_store_starts_its_own_generation_and_a_roll
     second = None
     try:
         old = await first.open(OWNER, None, "agent", None)
-        watch = Watch(first, old.conversation_id)
+        watch = Watch(first, old.conversation_id, owner=OWNER)
         assert await first.command(OWNER, old.conversation_id, UserMessage("m1", "weather?")) == "accepted"
         await watch.until_event("turn.completed")
         await watch.stop()
 
         second = await _started(config_b)   # the same cluster, another store: a new generation
         new = await second.open(OWNER, None, "agent", None)
-        watch = Watch(second, new.conversation_id)
+        watch = Watch(second, new.conversation_id, owner=OWNER)
         assert await second.command(OWNER, new.conversation_id, UserMessage("m1", "weather?")) == "accepted"
         await watch.until_event("turn.completed")
         await watch.stop()
-        assert watch.answers() == [ANSWER_B] and contiguous(watch.events)
+        assert answers(watch) == [ANSWER_B] and contiguous(watch.events)
         assert await second.store.last_seq(new.conversation_id) == watch.events[-1].seq
 
         # The first generation's host drained (it held an idle conversation) and exited, and its tool pool went.
@@ -212,11 +186,11 @@ async def test_a_gateway_with_another_store_starts_its_own_generation_and_a_roll
         rollback = await _started(config_a)
         try:
             again = await rollback.open(OWNER, old.conversation_id, None, None)
-            watch = Watch(rollback, again.conversation_id, again.last_seq)
+            watch = Watch(rollback, again.conversation_id, again.last_seq, owner=OWNER)
             assert await rollback.command(OWNER, old.conversation_id, UserMessage("m3", "and now?")) == "accepted"
             await watch.until_event("turn.completed")
             await watch.stop()
-            assert watch.answers() == [ANSWER_B] and contiguous(watch.events, again.last_seq + 1)
+            assert answers(watch) == [ANSWER_B] and contiguous(watch.events, again.last_seq + 1)
             with pytest.raises(ConfigurationReplaced, match=r"differs in: store") as refused:
                 await second.command(OWNER, new.conversation_id, UserMessage("m2", "again?"))
             assert config_a.generation in str(refused.value) and "sqlite" not in str(refused.value)
@@ -241,16 +215,16 @@ async def test_a_changed_profile_reaches_existing_conversations_and_the_turn_in_
     v2 = None
     try:
         cid = (await v1.open(OWNER, None, "agent", None)).conversation_id
-        early = Watch(v1, cid)
+        early = Watch(v1, cid, owner=OWNER)
         assert await v1.command(OWNER, cid, UserMessage("m1", "weather?")) == "accepted"
         await early.until_event("answer.delta")   # the old profile's answer is streaming (40 ms a chunk)
         old_host = await v1._directory.holder.remote(cid)
         assert generation_of(old_host) == config_v1.generation
 
         v2 = await _started(config_v2)           # the profile changed, the store did not
-        late = Watch(v2, cid)                     # a client of the new gateway, mid-turn
+        late = Watch(v2, cid, owner=OWNER)                     # a client of the new gateway, mid-turn
         await late.until_event("turn.completed")
-        assert late.answers() == [ANSWER_A]       # finished where it ran, under the profile it started with
+        assert answers(late) == [ANSWER_A]       # finished where it ran, under the profile it started with
         assert contiguous(late.events)
         streamed = "".join(e.data.text for e in late.events if e.event == "answer.delta")
         assert streamed == ANSWER_A               # every character once
@@ -259,7 +233,7 @@ async def test_a_changed_profile_reaches_existing_conversations_and_the_turn_in_
         await _until(lambda: _gone(old_host))
         assert await v2.command(OWNER, cid, UserMessage("m2", "and now?")) == "accepted"
         await late.until_event("turn.completed", 2)
-        assert late.answers() == [ANSWER_A, ANSWER_B]   # the next turn runs under the new profile
+        assert answers(late) == [ANSWER_A, ANSWER_B]   # the next turn runs under the new profile
         assert contiguous(late.events)
         holder = await v2._directory.holder.remote(cid)
         assert generation_of(holder) == config_v2.generation

@@ -37,6 +37,7 @@ from actors.tools.executor import LocalToolExecutor
 from gateway.settings import Settings
 from protocol.events import Event
 from tests.roundkit import action, call, thinking
+from tests.watchkit import Watch, contiguous
 
 pytestmark = pytest.mark.ray
 OWNER = Owner(tenant="acme", sub="alice")
@@ -164,45 +165,6 @@ async def backend(request: pytest.FixtureRequest, store_url: str, script_files: 
     await b.stop()
 
 
-class Watch:
-    """Collects one subscription's events."""
-
-    def __init__(self, backend: Any, cid: str, after: int = 0) -> None:
-        self.events: list[Event] = []
-        self.changed = asyncio.Event()
-        self.task = asyncio.get_running_loop().create_task(self._run(backend, cid, after))
-
-    async def _run(self, backend: Any, cid: str, after: int) -> None:
-        async for batch in backend.subscribe(OWNER, cid, after):
-            self.events.extend(batch)
-            self.changed.set()
-
-    async def until(self, predicate: Callable[[list[Event]], bool], timeout: float = TIMEOUT) -> None:
-        async def wait() -> None:
-            while not predicate(self.events):
-                self.changed.clear()
-                await self.changed.wait()
-        await asyncio.wait_for(wait(), timeout)
-
-    async def until_event(self, name: str, count: int = 1) -> None:
-        await self.until(lambda evs: sum(e.event == name for e in evs) >= count)
-
-    async def stop(self) -> None:
-        self.task.cancel()
-        with _suppress():
-            await self.task
-
-
-def _suppress() -> Any:
-    import contextlib
-
-    return contextlib.suppress(asyncio.CancelledError)
-
-
-def contiguous(events: list[Event]) -> bool:
-    return [e.seq for e in events] == list(range(1, len(events) + 1))
-
-
 async def _open(backend: Any, agent: str) -> str:
     return (await backend.open(OWNER, None, agent, None)).conversation_id
 
@@ -228,7 +190,7 @@ async def _one_turn(backend: Any, agent: str) -> tuple[list[Event], Any, str]:
     """A new conversation's first turn, watched whole: its events (seqs checked contiguous), its
     `turn.completed` data and the answer text that streamed."""
     cid = await _open(backend, agent)
-    watch = Watch(backend, cid)
+    watch = Watch(backend, cid, owner=OWNER)
     assert await backend.command(OWNER, cid, UserMessage("m1", "weather?")) == "accepted"
     await watch.until_event("turn.completed")
     await watch.stop()
@@ -256,7 +218,7 @@ async def test_an_answer_cut_mid_stream_is_continued_or_ends_partial(backend: An
 
 async def test_duplicate_user_message_is_acked_duplicate_and_runs_once(backend: Any) -> None:
     cid = await _open(backend, "ask")
-    watch = Watch(backend, cid)
+    watch = Watch(backend, cid, owner=OWNER)
     assert await backend.command(OWNER, cid, UserMessage("same", "hi")) == "accepted"
     assert await backend.command(OWNER, cid, UserMessage("same", "hi")) == "duplicate"
     await watch.until_event("ask_user")
@@ -272,12 +234,12 @@ async def test_duplicate_user_message_is_acked_duplicate_and_runs_once(backend: 
 
 async def test_resubscribe_after_last_seen_seq_has_no_gap_and_no_duplicate(backend: Any) -> None:
     cid = await _open(backend, "weather")
-    first = Watch(backend, cid)
+    first = Watch(backend, cid, owner=OWNER)
     await backend.command(OWNER, cid, UserMessage("m1", "weather?"))
     await first.until_event("answer.delta")
     await first.stop()
     seen = list(first.events)
-    second = Watch(backend, cid, after=seen[-1].seq)
+    second = Watch(backend, cid, after=seen[-1].seq, owner=OWNER)
     await second.until_event("turn.completed")
     await second.stop()
     union = seen + second.events
@@ -289,7 +251,7 @@ async def test_back_to_back_resubscriptions_keep_the_live_feed(backend: Any) -> 
     # A subscription that ends while the next one starts must not unwatch the host under the new one
     # (on Ray an async actor may run the old unwatch after the new watch). Many handoffs mid-stream.
     cid = await _open(backend, "weather")
-    watch = Watch(backend, cid)
+    watch = Watch(backend, cid, owner=OWNER)
     await backend.command(OWNER, cid, UserMessage("m1", "weather?"))
     await watch.until_event("answer.delta")
     union: list[Event] = []
@@ -297,7 +259,7 @@ async def test_back_to_back_resubscriptions_keep_the_live_feed(backend: Any) -> 
         await watch.until(lambda evs: len(evs) >= 1)
         watch.task.cancel()                              # ends now; the next starts in the same tick
         union += watch.events
-        watch = Watch(backend, cid, after=union[-1].seq)
+        watch = Watch(backend, cid, after=union[-1].seq, owner=OWNER)
         if union[-1].event == "turn.completed":
             break
     await watch.until(lambda evs: any(e.event == "turn.completed" for e in union + evs))
@@ -309,7 +271,7 @@ async def test_back_to_back_resubscriptions_keep_the_live_feed(backend: Any) -> 
 
 async def test_two_watchers_receive_identical_sequences(backend: Any) -> None:
     cid = await _open(backend, "weather")
-    a, b = Watch(backend, cid), Watch(backend, cid)
+    a, b = Watch(backend, cid, owner=OWNER), Watch(backend, cid, owner=OWNER)
     await backend.command(OWNER, cid, UserMessage("m1", "weather?"))
     await a.until_event("turn.completed")
     await b.until_event("turn.completed")
@@ -320,7 +282,7 @@ async def test_two_watchers_receive_identical_sequences(backend: Any) -> None:
 
 async def test_passivated_conversation_reactivates_with_state_intact(backend: Any) -> None:
     cid = await _open(backend, "pool")  # round 0 is an exploration call: the budget counter moves
-    watch = Watch(backend, cid)
+    watch = Watch(backend, cid, owner=OWNER)
     await backend.command(OWNER, cid, UserMessage("m1", "search"))
     await watch.until_event("tool.call", 2)  # the search ran; the slow second call is out
     await backend.command(OWNER, cid, SetMode("mode", "ask"))
@@ -387,7 +349,7 @@ async def test_single_activation_under_concurrent_first_messages_from_two_gatewa
 
 async def test_host_killed_mid_stream_client_resumes_with_one_final_answer(ray_backend: RayBackend) -> None:
     cid = await _open(ray_backend, "weather")
-    watch = Watch(ray_backend, cid)
+    watch = Watch(ray_backend, cid, owner=OWNER)
     await ray_backend.command(OWNER, cid, UserMessage("m1", "weather?"))
     await watch.until_event("answer.delta", 3)
     ray.kill(ray.get_actor(await ray_backend.host_of(cid), namespace=NAMESPACE))
@@ -404,7 +366,7 @@ async def test_host_killed_mid_stream_client_resumes_with_one_final_answer(ray_b
 async def test_host_killed_mid_tool_call_runs_the_tool_exactly_once(ray_backend: RayBackend) -> None:
     cid = await _open(ray_backend, "note")
     pool = ray.get_actor(tool_pool(ray_backend.config.generation), namespace=NAMESPACE)
-    watch = Watch(ray_backend, cid)
+    watch = Watch(ray_backend, cid, owner=OWNER)
     await ray_backend.command(OWNER, cid, UserMessage("m1", "note it"))
     await watch.until_event("tool.call", 2)
     await _until(lambda: pool.stats.remote(), lambda s: s["inflight"] > 0)
@@ -425,7 +387,7 @@ async def test_tool_pool_killed_in_flight_calls_get_error_observations_and_count
 ) -> None:
     cid = await _open(ray_backend, "pool")
     pool = ray.get_actor(tool_pool(ray_backend.config.generation), namespace=NAMESPACE)
-    watch = Watch(ray_backend, cid)
+    watch = Watch(ray_backend, cid, owner=OWNER)
     await ray_backend.command(OWNER, cid, UserMessage("m1", "go"))
     await watch.until_event("tool.call", 2)
     await _until(lambda: pool.stats.remote(), lambda s: s["inflight"] > 0)
@@ -511,7 +473,7 @@ async def test_dedicated_placement_runs_one_named_actor_per_conversation(
         for cid in (first, second):
             stats = await ray.get_actor(dedicated_host(generation, cid), namespace=NAMESPACE).stats.remote()
             assert stats["active_ids"] == [cid]
-        watch = Watch(backend, first)
+        watch = Watch(backend, first, owner=OWNER)
         await backend.command(OWNER, first, UserMessage("m1", "hi"))
         await watch.until_event("ask_user")
         ask = next(e for e in watch.events if e.event == "ask_user")

@@ -17,7 +17,6 @@ never an elapsed-time assertion); seqs have no gap and no duplicate; the final a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import json
 import os
@@ -44,6 +43,7 @@ from actors.ray.names import NAMESPACE
 from actors.tools.demo import demo_registry
 from protocol.events import Event
 from tests.roundkit import action, thinking
+from tests.watchkit import Watch
 
 pytestmark = [pytest.mark.ray, pytest.mark.asyncio(loop_scope="module")]
 
@@ -101,32 +101,6 @@ async def backend(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) ->
     await b.start()
     yield b
     await b.stop()
-
-
-class Watch:
-    """One subscription that stays subscribed through the crash; records every event it gets."""
-
-    def __init__(self, backend: RayBackend, cid: str) -> None:
-        self.events: list[Event] = []
-        self.changed = asyncio.Event()
-        self.task = asyncio.get_running_loop().create_task(self._run(backend, cid))
-
-    async def _run(self, backend: RayBackend, cid: str) -> None:
-        async for batch in backend.subscribe(OWNER, cid, 0):
-            self.events.extend(batch)
-            self.changed.set()
-
-    async def until(self, predicate: Callable[[list[Event]], bool], timeout: float) -> None:
-        async def wait() -> None:
-            while not predicate(self.events):
-                self.changed.clear()
-                await self.changed.wait()
-        await asyncio.wait_for(wait(), timeout)
-
-    async def stop(self) -> None:
-        self.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.task
 
 
 def _completed(events: list[Event]) -> list[Any]:
@@ -196,7 +170,7 @@ async def test_a_route_to_a_host_that_no_longer_exists_is_retried_not_given_up(b
     cid = (await backend.open(OWNER, None, "whole", None)).conversation_id
     real = backend._directory
     backend._directory = _VanishedHostFirst(real, times=8)
-    watch = Watch(backend, cid)
+    watch = Watch(backend, cid, owner=OWNER)
     try:
         assert await backend.command(OWNER, cid, UserMessage(f"{cid}-1", "Weather?")) == "accepted"
         await watch.until(lambda evs: len(_completed(evs)) == 1, TURN_TIMEOUT_S)
@@ -212,7 +186,7 @@ async def test_every_turn_completes_whole_after_every_host_is_killed_mid_answer(
 ) -> None:
     cids = [(await backend.open(OWNER, None, "crash", None)).conversation_id for _ in range(WATCHED + UNWATCHED)]
     watched, unwatched = cids[:WATCHED], cids[WATCHED:]
-    watches = {cid: Watch(backend, cid) for cid in watched}
+    watches = {cid: Watch(backend, cid, owner=OWNER) for cid in watched}
     try:
         await _until(lambda: all(_attached(backend, c) for c in watched), TURN_TIMEOUT_S)
         pids = await _host_pids(backend)
