@@ -665,13 +665,20 @@ class ChatRun:
         except TimeoutError:
             pytest.fail(f"chat still running after {timeout} s:\n{self.stdout}\n{self.stderr}")
 
-    async def wait_for_output(self, text: str, timeout: float = 60) -> None:
+    async def wait_for_output(self, text: str, timeout: float = 60, stream: str = "stdout") -> None:
+        """Until `text` is in the chat's stdout (the transcript) or, with stream="stderr", its status lines."""
         async def wait() -> None:
-            while text not in self.stdout:
-                if self.proc.returncode is not None:
-                    pytest.fail(f"chat exited {self.proc.returncode} before {text!r}:\n{self.stdout}\n{self.stderr}")
-                self.changed.clear()
-                await self.changed.wait()
+            exited = asyncio.ensure_future(self.proc.wait())  # wakes the wait too: an exit is no output
+            try:
+                while text not in getattr(self, stream):
+                    if exited.done():
+                        pytest.fail(f"chat exited {self.proc.returncode} before {text!r}:\n{self.stdout}\n{self.stderr}")
+                    self.changed.clear()
+                    changed = asyncio.ensure_future(self.changed.wait())
+                    await asyncio.wait({changed, exited}, return_when=asyncio.FIRST_COMPLETED)
+                    changed.cancel()
+            finally:
+                exited.cancel()
 
         await asyncio.wait_for(wait(), timeout)
 
@@ -749,7 +756,7 @@ async def test_chat_resumes_across_a_gateway_drain_and_prints_the_answer_exactly
             async with chat("--message", "weather in Paris?", "--url", url) as run:
                 await run.wait_for_output("It is", timeout=120)  # the answer is streaming
                 await first.drain()                              # clients get 1012, the turn goes on
-                await asyncio.sleep(0.3)                         # a reconnect attempt or two is refused
+                await run.wait_for_output("cannot connect", stream="stderr")  # a reconnect to no gateway failed
                 async with gateway(backend, port):               # a fresh gateway on the same port
                     assert await run.exit_code() == 0, run.stderr
                     await run.wait_for_output("✓ turn")

@@ -95,13 +95,22 @@ async def test_another_owner_gets_forbidden_for_every_frame_whether_or_not_the_c
 
 
 async def test_the_owner_reconnecting_with_a_fresh_token_may_open_and_watch(server: LocalServer) -> None:
-    async with server.client(token("alice", "acme")) as alice:
+    first, fresh = token("alice", "acme", exp_in=600), token("alice", "acme", exp_in=1200)
+    assert first != fresh                             # another token; the owner is its sub + tenant
+    async with server.client(first) as alice:
         cid = await alice.open()
-        await alice.say(cid)
-    async with server.client(token("alice", "acme")) as again:
-        await again.open(conversation_id=cid)
-        await again.subscribe(cid)
-        await again.turn_completed(cid)
+        said = await alice.say(cid, id="m1")
+        assert said["type"] == "ack", said
+    async with server.client(fresh) as again:
+        reopened = await again.request(type="open", conversation_id=cid)
+        assert (reopened["type"], reopened["conversation_id"]) == ("ack", cid), reopened
+        watched = await again.request(type="subscribe", conversation_id=cid, after_seq=0)
+        assert watched["type"] == "ack", watched
+        done = await again.turn_completed(cid)
+    events = again.events[cid]
+    assert (events[0]["event"], events[0]["data"]["user_message_id"]) == ("turn.started", "m1")  # her turn, from seq 1
+    assert done["data"]["reason"] == "complete"
+    check_log(events)
 
 
 @pytest.mark.parametrize(

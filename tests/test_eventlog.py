@@ -52,10 +52,11 @@ class Published:
 
 
 async def test_no_event_is_published_before_the_store_made_it_durable() -> None:
-    release = asyncio.Event()
+    release, persisting = asyncio.Event(), asyncio.Event()
     persisted: list[int] = []
 
     async def persist(batch: Sequence[Event], outputs: Sequence[RoundOutput]) -> None:
+        persisting.set()
         await release.wait()
         persisted.extend(e.seq for e in batch)
 
@@ -63,8 +64,7 @@ async def test_no_event_is_published_before_the_store_made_it_durable() -> None:
     published = Published()
     log.subscribe(published)
     log.emit(STARTED)
-    for _ in range(20):
-        await asyncio.sleep(0)
+    await asyncio.wait_for(persisting.wait(), 5)  # the batch is at the store, which holds it
     assert published.events == [] and log.durable_seq == 0
     release.set()
     await published.until(1)
@@ -100,11 +100,12 @@ async def _failing_persist(batch: Sequence[Event], outputs: Sequence[RoundOutput
 
 async def test_a_discarded_log_publishes_nothing_more_and_keeps_nothing_it_had_not_made_durable() -> None:
     # docs/design.md#deletion: an append under way may still commit (the delete removes it), unseen.
-    release = asyncio.Event()
+    release, held = asyncio.Event(), asyncio.Event()
     persisted: list[int] = []
 
     async def persist(batch: Sequence[Event], outputs: Sequence[RoundOutput]) -> None:
         if batch[0].seq > 1:
+            held.set()
             await release.wait()
         persisted.extend(e.seq for e in batch)
 
@@ -115,8 +116,7 @@ async def test_a_discarded_log_publishes_nothing_more_and_keeps_nothing_it_had_n
     await log.flush()
     log.emit(delta("a"))                          # persisting, held by the store
     log.emit(delta("b"))                          # held open by the window
-    for _ in range(20):
-        await asyncio.sleep(0)
+    await asyncio.wait_for(held.wait(), 5)        # a's batch is at the store
     assert await log.discard() == 1               # the last seq any listener got
     release.set()
     log.emit(COMPLETED)                           # what a cancelled turn may still emit: ignored

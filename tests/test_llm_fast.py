@@ -54,6 +54,7 @@ from tests.fixtures.anthropic_sse import (
     transcript,
     transcript_events,
 )
+from tests.kit import wait_until
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "weather in paris?"}]
 HEADERS = {CONVERSATION_HEADER: "conv", CALL_INDEX_HEADER: "0"}
@@ -449,8 +450,9 @@ async def test_a_connection_dropped_mid_stream_is_connection_on_both_paths() -> 
         await response.prepare(request)
         await response.write(openai_stream(["ab", "cd"]).split(b"\n\n", 3)[0] + b"\n\n")
         await response.write(openai_stream(["ab", "cd"]).split(b"\n\n", 3)[1] + b"\n\n")
-        await asyncio.sleep(0.05)
         assert request.transport is not None
+        while request.transport.get_write_buffer_size():  # both deltas are on the socket before the drop
+            await asyncio.sleep(0)
         request.transport.abort()   # the provider's process dies mid-answer
         return response
 
@@ -646,10 +648,7 @@ async def test_closing_an_anthropic_stream_early_closes_the_response() -> None:
         async with aclosing(gen):
             async for _ in gen:
                 break
-        for _ in range(100):
-            if served.aborted:
-                break
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: served.aborted > 0)    # the server saw the response closed
     finally:
         await runner.cleanup()
     assert served.aborted == 1

@@ -3,7 +3,12 @@ on the wire, the Meter over a real store, and the tool-calls-per-turn backstop i
 
 from __future__ import annotations
 
+import contextlib
+import os
 import pickle
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,6 +31,7 @@ from actors.quotas import (
     TenantUsage,
     admitted_tool_calls,
     connection_refusal,
+    counter,
     current_usage,
     estimate_tokens,
     iso,
@@ -41,6 +47,8 @@ from actors.store.sqlite import SqliteStore
 from gateway.settings import Settings
 from protocol.frames import ErrorCode, ErrorFrame, decode_server_frame, encode_frame
 from tests.convkit import harness, rounds_script, script_model, tool_round
+from tests.gateway_harness import running
+from tests.kit import wait_until
 from tests.roundkit import action, call, complete, text_round, thinking
 
 ALICE = Owner(tenant="acme", sub="alice")
@@ -57,28 +65,167 @@ class Clock:
         return self.now
 
 
-# -- the policy, cell by cell ---------------------------------------------------------------------------
+# -- the policy, by what it makes happen ---------------------------------------------------------------
+#
+# One case per row of `QUOTAS`, each through the shell that enforces it: the limit comes from the row's
+# setting, the quota trips at that limit with a refusal naming the row, and frees up again — after its
+# window for a windowed row, once what it counts is released for a gauge. A row without a case here
+# fails (KeyError); a row whose window, keeper or charging does not match what the shell does fails.
+
+LIMIT = 2
 
 
-def test_the_quota_table() -> None:
-    S, R, B, A = Keeper.STORE, Keeper.REPLICA, Charged.BEFORE, Charged.AFTER
-    assert {key: (r.window_s, r.setting, r.keeper, r.charged, r.enforced_by) for key, r in QUOTAS.items()} == {
-        (Quota.OPEN_CONVERSATIONS, Scope.USER): (None, "quota_open_conversations_per_user", S, B, "actors/hosting/owners.py"),
-        (Quota.OPEN_CONVERSATIONS, Scope.TENANT): (None, "quota_open_conversations_per_tenant", S, B, "actors/hosting/owners.py"),
-        (Quota.CONCURRENT_TURNS, Scope.USER): (None, "quota_concurrent_turns_per_user", S, B, "actors/hosting/host.py"),
-        (Quota.CONCURRENT_TURNS, Scope.TENANT): (None, "quota_concurrent_turns_per_tenant", S, B, "actors/hosting/host.py"),
-        (Quota.TURNS_PER_MINUTE, Scope.USER): (60, "quota_turns_per_minute_per_user", S, B, "actors/hosting/host.py"),
-        (Quota.TURNS_PER_MINUTE, Scope.TENANT): (60, "quota_turns_per_minute_per_tenant", S, B, "actors/hosting/host.py"),
-        (Quota.TOKENS_PER_DAY, Scope.USER): (86_400, "quota_tokens_per_day_per_user", S, A, "actors/hosting/host.py"),
-        (Quota.TOKENS_PER_DAY, Scope.TENANT): (86_400, "quota_tokens_per_day_per_tenant", S, A, "actors/hosting/host.py"),
-        (Quota.TOOL_CALLS_PER_TURN, Scope.TURN): (None, "quota_tool_calls_per_turn", Keeper.TURN, B, "actors/turn.py"),
-        (Quota.CONNECTIONS, Scope.IP): (None, "quota_connections_per_ip", R, B, "gateway/server.py"),
-        (Quota.CONNECTIONS, Scope.USER): (None, "quota_connections_per_user", R, B, "gateway/server.py"),
-    }  # fmt: skip
+def limits_for(key: tuple[Quota, Scope]) -> dict[str, int]:
+    """The gateway setting the row names, at LIMIT; every other quota keeps its default."""
+    return {QUOTAS[key].setting: LIMIT}
+
+
+@dataclass(frozen=True)
+class StoreUse:
+    """How the hosts use a store-kept quota: `take` uses unit i; `gated` is what a refusal stops (the
+    taking itself when charged before, the next turn when counted after); `release` gives unit i
+    back (None: only the window frees it)."""
+
+    take: Callable[[Meter, Owner, int], Awaitable[object]]
+    gated: Callable[[Meter, Owner, int], Awaitable[object]]
+    release: Callable[[Meter, Owner, int], Awaitable[object]] | None = None
+
+
+STORE_USES: dict[Quota, StoreUse] = {
+    Quota.OPEN_CONVERSATIONS: StoreUse(
+        take=lambda m, who, i: m.open_conversation(who), gated=lambda m, who, i: m.open_conversation(who),
+        release=lambda m, who, i: m.conversation_gone(who, f"c{i}")),
+    Quota.CONCURRENT_TURNS: StoreUse(
+        take=lambda m, who, i: m.take_slot(who, f"c{i}"), gated=lambda m, who, i: m.take_slot(who, f"c{i}"),
+        release=lambda m, who, i: m.release_slot(who, f"c{i}")),
+    Quota.TURNS_PER_MINUTE: StoreUse(
+        take=lambda m, who, i: m.admit_turn(who), gated=lambda m, who, i: m.admit_turn(who)),
+    Quota.TOKENS_PER_DAY: StoreUse(
+        take=lambda m, who, i: m.charge_tokens(who, 1), gated=lambda m, who, i: m.admit_turn(who)),
+}
+
+
+@contextlib.asynccontextmanager
+async def opened_store(path: Path) -> AsyncIterator[SqliteStore]:
+    s = SqliteStore(str(path))
+    await s.open()
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+async def trips_and_resets_in_the_store(key: tuple[Quota, Scope], tmp_path: Path) -> None:
+    quota, scope = key
+    rule, use = QUOTAS[key], STORE_USES[quota]
+    assert rule.keeper is Keeper.STORE
+    members = [ALICE, BOB] if scope is Scope.TENANT else [ALICE]   # who shares the counter
+    outsider = EVE if scope is Scope.TENANT else BOB               # who does not
+    limits = QuotaLimits.from_settings(Settings(**limits_for(key)))
+    clock, path = Clock(), tmp_path / "quotas.sqlite3"
+
+    def member(i: int) -> Owner:
+        return members[i % len(members)]
+
+    async def refused(i: int) -> QuotaExceeded:
+        with pytest.raises(QuotaExceeded) as caught:
+            await use.gated(meter, member(i), i)
+        assert (caught.value.quota, caught.value.scope, caught.value.limit) == (quota, scope, LIMIT)
+        return caught.value
+
+    async def fill(first: int) -> None:
+        """LIMIT units, the scope's members in turn; the gated request passes until the last one."""
+        for i in range(first, first + LIMIT):
+            if rule.charged is Charged.AFTER:
+                await use.gated(meter, member(i), i)      # below the limit: admitted
+            await use.take(meter, member(i), i)
+
+    async with opened_store(path) as store:
+        meter = Meter(store, limits, clock)
+        await fill(0)
+        refusal = await refused(LIMIT)
+        if rule.charged is Charged.AFTER:
+            await use.take(meter, member(0), 0)           # counted past the limit all the same
+            assert await store.quota_counts([counter(quota, scope, member(0), clock.now)]) == [LIMIT + 1]
+        await use.gated(meter, outsider, 99)              # another key of the scope: a counter of its own
+    async with opened_store(path) as store:               # a restart: the count is the store's
+        meter = Meter(store, limits, clock)
+        await refused(LIMIT)
+        if rule.window_s is None:
+            assert refusal.resets_at is None and use.release is not None
+            clock.now += 3 * 86_400                       # a gauge does not free up with time
+            await refused(LIMIT)
+            await use.release(meter, member(0), 0)
+            await use.gated(meter, member(LIMIT), LIMIT)  # one unit back: exactly one more, the refused not counted
+            await refused(LIMIT + 1)
+        else:
+            assert refusal.resets_at is not None and refusal.resets_at % rule.window_s == 0
+            assert T0 < refusal.resets_at <= T0 + rule.window_s
+            clock.now = refusal.resets_at - 0.001
+            await refused(LIMIT)                          # the same window to its last instant
+            clock.now = refusal.resets_at
+            await fill(LIMIT)                             # the next window: the whole limit again
+            await refused(2 * LIMIT)
+
+
+async def trips_and_resets_per_turn(key: tuple[Quota, Scope], tmp_path: Path) -> None:
+    assert QUOTAS[key].keeper is Keeper.TURN and QUOTAS[key].window_s is None
+    h = harness(rounds_script(
+        tool_round("demo.clock"),
+        text_round(thinking("Two more."), action(call("demo.clock")), action(call("demo.weather", city="Paris"))),
+        text_round(thinking("Done."), action(complete("It is noon."))),
+        loop=True,
+    ))
+    h.conv.runtime.quotas = QuotaLimits.from_settings(Settings(**limits_for(key)))
+    for turn in ("first", "second"):                      # the second turn: a count of its own
+        before = len(h.events)
+        done = await h.turn(turn)
+        assert (done["reason"], done["final_answer"]) == ("complete", "It is noon.")
+        results = [e.data for e in h.events[before:] if e.event == "tool.result"]
+        assert [(r.tool_id, r.ok, r.error) for r in results] == [
+            ("demo.clock", True, None), ("demo.weather", False, "quota_exceeded"), ("demo.clock", True, None)]
+        assert results[1].detail is not None and results[1].detail["limit"] == LIMIT
+
+
+async def trips_and_resets_per_replica(key: tuple[Quota, Scope], tmp_path: Path) -> None:
+    quota, scope = key
+    assert QUOTAS[key].keeper is Keeper.REPLICA and QUOTAS[key].window_s is None
+    # Anonymous loopback: every client is the same user from the same address.
+    async with (running(**limits_for(key)) as gateway, running(**limits_for(key)) as other_replica,
+                contextlib.AsyncExitStack() as held):
+        clients = [await held.enter_async_context(gateway.client()) for _ in range(LIMIT)]
+        for c in clients:
+            assert (await c.request(type="ping"))["type"] == "pong"
+        async with gateway.client() as turned_away:
+            frame = await turned_away.recv()
+            assert (frame["code"], frame["quota"], frame["scope"]) == ("quota_exceeded", quota, scope), frame
+            assert (await turned_away.closed()).rcvd.code == 1013
+        async with other_replica.client() as elsewhere:   # counted in each replica's memory
+            assert (await elsewhere.request(type="ping"))["type"] == "pong"
+        await clients[0].ws.close()
+        await wait_until(lambda: len(gateway.server.sessions) == LIMIT - 1)
+        async with gateway.client() as freed:             # a closed connection frees its unit
+            assert (await freed.request(type="ping"))["type"] == "pong"
+
+
+TRIPS_AND_RESETS: dict[Keeper, Callable[[tuple[Quota, Scope], Path], Awaitable[None]]] = {
+    Keeper.STORE: trips_and_resets_in_the_store,
+    Keeper.TURN: trips_and_resets_per_turn,
+    Keeper.REPLICA: trips_and_resets_per_replica,
+}
+
+
+@pytest.mark.parametrize("key", list(QUOTAS), ids=[f"{q}-{s}" for q, s in QUOTAS])
+async def test_each_quota_trips_at_its_limit_and_frees_up(
+    key: tuple[Quota, Scope], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in [k for k in os.environ if k.startswith("REACTGATE_")]:
+        monkeypatch.delenv(name)
+    await TRIPS_AND_RESETS[QUOTAS[key].keeper](key, tmp_path)
 
 
 def test_every_quota_is_a_setting_with_its_documented_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in [k for k in __import__("os").environ if k.startswith("REACTGATE_QUOTA")]:
+    for name in [k for k in os.environ if k.startswith("REACTGATE_QUOTA")]:
         monkeypatch.delenv(name)
     defaults = QuotaLimits.from_settings(Settings()).values
     assert {QUOTAS[key].setting: value for key, value in defaults.items()} == {

@@ -1,4 +1,4 @@
-"""Ray token auth on a cluster the project starts (issue 11): a `ray start --head` the way the
+"""Ray token auth on a cluster the project starts: a `ray start --head` the way the
 rehearsal and the RayCluster run it (`RAY_AUTH_MODE=token`, the token in a file). A driver without
 the token is refused; one with a wrong token is refused; one with the token joins — both as a
 direct driver and through Ray Client, the two ways a gateway joins.

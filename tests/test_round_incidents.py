@@ -1,4 +1,4 @@
-"""Byte-exact regression fixtures, one per incident class (issue 2). The raw texts are written out
+"""Byte-exact regression fixtures, one per incident class. The raw texts are written out
 literally on purpose: these are the exact bytes that once made layers disagree."""
 
 from __future__ import annotations
