@@ -1,8 +1,9 @@
 """The gateway: WebSocket `reactgate.v1` at /ws plus plain HTTP on the same port (docs/wire-protocol.md).
 
 A thin shell over the hosting interface (`actors.hosting.backend.Backend`): it authenticates the
-handshake, decodes frames (`protocol.frames`), applies the per-connection limits, calls the
-backend, and hands everything it sends to the connection's `Session` queue.
+handshake, decodes frames (`protocol.frames`), applies the per-connection limits, hands each
+frame to `gateway.dispatch` (its backend call and reply, or the error frame its refusal is), and
+everything it sends to the connection's `Session` queue.
 
 Refusals, by where they happen:
 - handshake: wrong path → HTTP 404; a browser page from an origin not allowed → HTTP 403
@@ -13,8 +14,8 @@ Refusals, by where they happen:
   user: docs/design.md#quotas) → an `error quota_exceeded` frame, then close 1013; frame over
   max_frame_bytes → close 1009 (websockets' `max_size`); `bad_frames_before_close` bad frames in a
   row → close 1008; drain → close 1012.
-- everything else is an `error` frame and the connection stays open. Choices this gateway makes
-  (docs/wire-protocol.md#14-details-worth-knowing):
+- everything else is an `error` frame and the connection stays open (gateway/dispatch.py's
+  `REFUSALS`). Choices this gateway makes (docs/wire-protocol.md#14-details-worth-knowing):
   subscribing to more than `max_conversations_per_connection` conversations is `overloaded` (a
   resource limit, like rate_limited — not a malformed frame); a client that keeps sending but
   never reads its replies is closed with 1008 once its send queue is full even of control frames.
@@ -31,7 +32,6 @@ import mimetypes
 import re
 import signal
 import time
-import uuid
 import weakref
 from http import HTTPStatus
 from pathlib import Path
@@ -46,47 +46,20 @@ from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
 from actors import tracing
-from actors.hosting.backend import (
-    Answer,
-    Backend,
-    Cancel,
-    Command,
-    ConfigurationReplaced,
-    Forbidden,
-    SetMode,
-    Steer,
-    UnknownAgent,
-    UnknownAsk,
-    UserMessage,
-)
+from actors.hosting.backend import Backend, ConfigurationReplaced
 from actors.quotas import QuotaExceeded, QuotaLimits, Scope, connection_refusal, scope_key
 from gateway.auth import Caller, Unauthorized, authenticate, load_verifier
+from gateway.dispatch import dispatch, quota_error
 from gateway.metrics import GatewayMetrics
 from gateway.origins import OriginPolicy
-from gateway.session import FORBIDDEN_MESSAGE, Session
+from gateway.session import Session
 from gateway.settings import Settings, check_bind
 from protocol.frames import (
     SUBPROTOCOL,
     WS_PATH,
-    Ack,
-    AnswerFrame,
-    CancelFrame,
-    ClientFrame,
     CloseCode,
-    CommandFrame,
-    DeleteFrame,
     ErrorCode,
-    ErrorFrame,
-    ExportFrame,
     FrameError,
-    Open,
-    Ping,
-    Pong,
-    SetModeFrame,
-    SteerFrame,
-    Subscribe,
-    Unsubscribe,
-    UserMessageFrame,
     decode_client_frame,
     encode_frame,
     recover_id,
@@ -110,26 +83,6 @@ PLACEHOLDER_PAGE = (
     b"Health: <a href=/healthz>/healthz</a> <a href=/readyz>/readyz</a> <a href=/metrics>/metrics</a>.</p>"
 )
 BINARY_MESSAGE = "binary frames are not accepted: send JSON text frames"
-
-
-def _quota_error(refused: QuotaExceeded, frame_id: str | None = None, conversation_id: str | None = None) -> ErrorFrame:
-    return ErrorFrame(code=ErrorCode.QUOTA_EXCEEDED, message=refused.message, id=frame_id,
-                      conversation_id=conversation_id, quota=refused.quota.value, scope=refused.scope.value,
-                      resets_at=refused.resets_at_iso)
-
-
-def _command(frame: CommandFrame, trace: dict[str, str]) -> Command:
-    match frame:
-        case UserMessageFrame():
-            return UserMessage(id=frame.id, text=frame.text, trace=trace)
-        case SteerFrame():
-            return Steer(id=frame.id, text=frame.text, trace=trace)
-        case AnswerFrame():
-            return Answer(id=frame.id, ask_id=frame.ask_id, answer=frame.answer)
-        case SetModeFrame():
-            return SetMode(id=frame.id, mode=frame.mode)
-        case CancelFrame():
-            return Cancel(id=frame.id)
 
 
 class GatewayServer:
@@ -346,7 +299,7 @@ class GatewayServer:
         self.metrics.quota_refused.labels(tenant, refused.quota.value, refused.scope.value).inc()
         self.metrics.errors.labels(ErrorCode.QUOTA_EXCEEDED.value).inc()
         with contextlib.suppress(ConnectionClosed):
-            await ws.send(encode_frame(_quota_error(refused)), text=True)
+            await ws.send(encode_frame(quota_error(refused)), text=True)
             await ws.close(CloseCode.TRY_AGAIN_LATER, refused.message[:120])
 
     async def _read_loop(self, ws: ServerConnection, session: Session) -> None:
@@ -374,7 +327,7 @@ class GatewayServer:
                 continue
             session.bad_frames.good()
             self.metrics.frames_in.labels(type(frame).__struct_config__.tag).inc()
-            await self._dispatch(session, frame)
+            await dispatch(frame, session, self.backend, self.drain_soon)
 
     async def _bad_frame(self, ws: ServerConnection, session: Session, exc: FrameError) -> bool:
         """Answer a bad frame; True when the connection was closed for too many in a row."""
@@ -386,83 +339,6 @@ class GatewayServer:
             return True
         session.error(exc.code, exc.message, exc.id)
         return False
-
-    async def _dispatch(self, session: Session, frame: ClientFrame) -> None:
-        conversation_id = getattr(frame, "conversation_id", None)
-        try:
-            await self._apply(session, frame)
-        except Forbidden:
-            session.error(ErrorCode.FORBIDDEN, FORBIDDEN_MESSAGE, frame.id, conversation_id)
-        except UnknownAgent as exc:
-            agent = getattr(frame, "agent", None)
-            session.error(ErrorCode.NOT_FOUND, f"unknown agent {agent!r}" if agent else str(exc), frame.id)
-        except UnknownAsk:
-            session.error(ErrorCode.NOT_FOUND, "no question is waiting for this ask_id (answered, timed out, "
-                          "or never asked)", frame.id, conversation_id)
-        except ConfigurationReplaced:
-            self.drain_soon()  # not acked: the client sends it again to a current replica (1012 follows)
-        except QuotaExceeded as refused:  # raised by the backend or a host: the frame was not acted on
-            self.metrics.quota_refused.labels(session.owner.tenant, refused.quota.value, refused.scope.value).inc()
-            session.send(_quota_error(refused, frame.id, conversation_id))
-        except ConnectionClosed:
-            raise
-        except Exception:
-            ref = uuid.uuid4().hex[:12]
-            log.exception("frame %s failed (ref %s)", type(frame).__name__, ref)
-            session.error(ErrorCode.INTERNAL, f"internal error (ref {ref})", frame.id, conversation_id)
-
-    async def _apply(self, session: Session, frame: ClientFrame) -> None:
-        backend, owner = self.backend, session.owner
-        match frame:
-            case Ping():
-                session.send(Pong(id=frame.id))
-            case Open():
-                opened = await backend.open(owner, frame.conversation_id, frame.agent, frame.mode)
-                session.send(
-                    Ack(id=frame.id, status="accepted", conversation_id=opened.conversation_id,
-                        last_seq=opened.last_seq)
-                )
-            case Subscribe():
-                cid = frame.conversation_id
-                if not session.can_watch(cid):
-                    session.error(
-                        ErrorCode.OVERLOADED,
-                        f"this connection already watches {session.max_watched} conversations: "
-                        "unsubscribe one first",
-                        frame.id,
-                        cid,
-                    )
-                    return
-                # Ownership check before the ack: re-opening a conversation raises Forbidden for a
-                # caller who does not own it, whether or not it exists.
-                opened = await backend.open(owner, cid, None, None)
-                session.send(
-                    Ack(id=frame.id, status="accepted", conversation_id=cid, last_seq=opened.last_seq,
-                        after_seq=frame.after_seq)
-                )
-                session.watch(cid, frame.after_seq)
-            case Unsubscribe():
-                cid = frame.conversation_id
-                if session.watching(cid):
-                    session.unwatch(cid)
-                else:
-                    await backend.open(owner, cid, None, None)  # forbidden for anything not owned
-                session.send(Ack(id=frame.id, status="accepted", conversation_id=cid))
-            case UserMessageFrame() | SteerFrame() | AnswerFrame() | SetModeFrame() | CancelFrame():
-                kind = type(frame).__struct_config__.tag
-                with tracing.command(session.trace_parent, frame.conversation_id, str(kind), frame.id) as trace:
-                    status = await backend.command(owner, frame.conversation_id, _command(frame, trace))
-                session.send(Ack(id=frame.id, status=status, conversation_id=frame.conversation_id))
-            case DeleteFrame():
-                # Its watchers, on this connection too, get `conversation.deleted` from the backend; like
-                # any command's events, that may come before this ack or after it.
-                status = await backend.delete(owner, frame.conversation_id, frame.id)
-                session.send(Ack(id=frame.id, status=status, conversation_id=frame.conversation_id))
-            case ExportFrame():
-                export = await backend.export(owner, frame.conversation_id, frame.id)
-                session.send(Ack(id=frame.id, status=export.status, conversation_id=frame.conversation_id,
-                                 last_seq=export.last_seq))
-                session.export(frame.id, frame.conversation_id, export)  # after the ack, on the same queue
 
 
 def _upgrade_trace(request: Request | None) -> Context | None:

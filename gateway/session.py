@@ -157,6 +157,8 @@ class Session:
             return
         if isinstance(frame, ErrorFrame):
             self.metrics.errors.labels(frame.code.value).inc()
+            if frame.quota is not None:  # a quota refusal, also by tenant, quota and scope (docs/design.md#quotas)
+                self.metrics.quota_refused.labels(self.owner.tenant, frame.quota, frame.scope).inc()
         if len(self._queue) >= self.max_frames:
             self.close_soon(CloseCode.POLICY_VIOLATION, "slow consumer: send queue full")
             return
