@@ -33,9 +33,10 @@ import re
 import signal
 import time
 import weakref
+from collections.abc import Callable, Mapping
 from http import HTTPStatus
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from opentelemetry.context import Context
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -210,30 +211,48 @@ class GatewayServer:
     def _left(deadline: float, share: float) -> float:
         return max(0.0, (deadline - time.monotonic()) * share)
 
-    # -- HTTP on the same port ----------------------------------------------------------------
+    # -- HTTP on the same port: routed by `ROUTES` (below the class) ---------------------------
 
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
-        path, _, query = request.path.partition("?")
-        if path == "/healthz":
-            return connection.respond(HTTPStatus.OK, "ok\n")
-        if path == "/readyz":
-            generation = self.backend.generation or "local"
-            if self.ready:
-                return connection.respond(HTTPStatus.OK, f"ready (generation {generation})\n")
-            why = "draining" if self._draining else "backend not started"
-            if self._replaced is not None:
-                why = f"draining: {self._replaced}"
-            return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, f"not ready: {why}\n")
-        if path == "/metrics":
-            return _response(HTTPStatus.OK, self.metrics.render(), CONTENT_TYPE_LATEST)
-        if path in ("/", "/index.html"):
-            index = STATIC_DIR / "index.html"
-            body = index.read_bytes() if index.is_file() else PLACEHOLDER_PAGE
-            return _response(HTTPStatus.OK, body, "text/html; charset=utf-8")
-        if path.startswith("/static/"):
-            return self._static(connection, path.removeprefix("/static/"))
-        if path != WS_PATH:
-            return connection.respond(HTTPStatus.NOT_FOUND, f"not found: the WebSocket endpoint is {WS_PATH}\n")
+        """Every request, before any WebSocket: its route's response, or None to go on with the
+        WebSocket handshake."""
+        return route(_path(request))(self, connection, request)
+
+    def _healthz(self, connection: ServerConnection, request: Request) -> Response:
+        return connection.respond(HTTPStatus.OK, "ok\n")
+
+    def _readyz(self, connection: ServerConnection, request: Request) -> Response:
+        """503 while this replica must not get new clients: a load balancer stops sending them."""
+        if self.ready:
+            return connection.respond(HTTPStatus.OK, f"ready (generation {self.backend.generation or 'local'})\n")
+        why = "draining" if self._draining else "backend not started"
+        if self._replaced is not None:
+            why = f"draining: {self._replaced}"
+        return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, f"not ready: {why}\n")
+
+    def _metrics_page(self, connection: ServerConnection, request: Request) -> Response:
+        return _response(HTTPStatus.OK, self.metrics.render(), CONTENT_TYPE_LATEST)
+
+    def _console(self, connection: ServerConnection, request: Request) -> Response:
+        index = STATIC_DIR / "index.html"
+        body = index.read_bytes() if index.is_file() else PLACEHOLDER_PAGE
+        return _response(HTTPStatus.OK, body, "text/html; charset=utf-8")
+
+    def _static(self, connection: ServerConnection, request: Request) -> Response:
+        # One plain file name: no path, so nothing outside STATIC_DIR is ever served.
+        name = _path(request).removeprefix("/static/")
+        if not _STATIC_NAME.match(name) or not (file := STATIC_DIR / name).is_file():
+            return connection.respond(HTTPStatus.NOT_FOUND, "not found\n")
+        content_type = mimetypes.guess_type(name)[0] or "application/octet-stream"
+        return _response(HTTPStatus.OK, file.read_bytes(), content_type)
+
+    def _not_found(self, connection: ServerConnection, request: Request) -> Response:
+        return connection.respond(HTTPStatus.NOT_FOUND, f"not found: the WebSocket endpoint is {WS_PATH}\n")
+
+    def _handshake(self, connection: ServerConnection, request: Request) -> Response | None:
+        """The WebSocket path: refused while draining (503), from a browser origin not allowed (403)
+        or without a valid token (401), before any WebSocket exists (docs/wire-protocol.md#a-refused-handshake).
+        Else the caller is kept for `_handle_connection` and the handshake goes on (subprotocol negotiation)."""
         if self._draining:
             return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "draining: reconnect to another replica\n")
         origins = request.headers.get_all("Origin")
@@ -243,19 +262,12 @@ class GatewayServer:
             log.warning("refused a WebSocket handshake from origin %.200r", ", ".join(origins))
             return connection.respond(HTTPStatus.FORBIDDEN, "forbidden: origin not allowed\n")
         try:
-            caller = authenticate(request.headers, query, self._verifier)
+            caller = authenticate(request.headers, request.path.partition("?")[2], self._verifier)
         except Unauthorized as exc:
             self.metrics.connections_refused.labels("unauthorized").inc()
             return connection.respond(HTTPStatus.UNAUTHORIZED, f"unauthorized: {exc}\n")
         self._callers[connection] = caller
-        return None  # go on with the WebSocket handshake (subprotocol negotiation)
-
-    def _static(self, connection: ServerConnection, name: str) -> Response:
-        file = STATIC_DIR / name
-        if not _STATIC_NAME.match(name) or not file.is_file():
-            return connection.respond(HTTPStatus.NOT_FOUND, "not found\n")
-        content_type = mimetypes.guess_type(name)[0] or "application/octet-stream"
-        return _response(HTTPStatus.OK, file.read_bytes(), content_type)
+        return None
 
     # -- WebSocket ----------------------------------------------------------------------------
 
@@ -339,6 +351,35 @@ class GatewayServer:
             return True
         session.error(exc.code, exc.message, exc.id)
         return False
+
+
+Route = Callable[[GatewayServer, ServerConnection, Request], Response | None]
+
+# The paths served on the WebSocket's port (docs/wire-protocol.md#12-http-endpoints-on-the-same-port),
+# none of them behind a token; a key ending in `*` takes every path it begins. Any other path: 404
+# naming the WebSocket endpoint.
+ROUTES: Final[Mapping[str, Route]] = {
+    #  path           route
+    "/healthz":    GatewayServer._healthz,       # 200 ok: the process is up
+    "/readyz":     GatewayServer._readyz,        # 200 ready (generation …), or 503 not ready: why
+    "/metrics":    GatewayServer._metrics_page,  # Prometheus text
+    "/":           GatewayServer._console,       # the web console (gateway/static/index.html)
+    "/index.html": GatewayServer._console,
+    "/static/*":   GatewayServer._static,        # the console's assets; 404 for any other name
+    WS_PATH:       GatewayServer._handshake,     # None: the WebSocket handshake goes on, unless refused
+}  # fmt: skip
+
+
+def route(path: str) -> Route:
+    """The route of a request path (without its query)."""
+    if path in ROUTES:
+        return ROUTES[path]
+    prefixed = (r for key, r in ROUTES.items() if key.endswith("*") and path.startswith(key[:-1]))
+    return next(prefixed, GatewayServer._not_found)
+
+
+def _path(request: Request) -> str:
+    return request.path.partition("?")[0]
 
 
 def _upgrade_trace(request: Request | None) -> Context | None:
