@@ -48,9 +48,10 @@ from websockets.typing import Subprotocol
 
 from actors import tracing
 from actors.hosting.backend import Backend, ConfigurationReplaced
-from actors.quotas import QuotaExceeded, QuotaLimits, Scope, connection_refusal, scope_key
+from actors.quotas import QuotaExceeded, Scope, connection_refusal, scope_key
 from gateway.auth import Caller, Unauthorized, authenticate, load_verifier
 from gateway.dispatch import dispatch, quota_error
+from gateway.limits import quota_limits, session_limits
 from gateway.metrics import GatewayMetrics
 from gateway.origins import OriginPolicy
 from gateway.session import Session
@@ -105,8 +106,10 @@ class GatewayServer:
         self._replaced: ConfigurationReplaced | None = None  # a newer configuration generation took over
         self._drain_task: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
-        # Connection quotas: this replica's own sockets, by client address and by user.
-        self._quotas = QuotaLimits.from_settings(settings)
+        # Read once, here: each connection's limits, and the connection quotas (this replica's own
+        # sockets, by client address and by user).
+        self._session_limits = session_limits(settings)
+        self._quotas = quota_limits(settings)
         self._connections: collections.Counter[tuple[Scope, str]] = collections.Counter()
         self._quota_metrics: asyncio.Task[None] | None = None
 
@@ -287,7 +290,7 @@ class GatewayServer:
         if refused is not None:
             await self._refuse_connection(ws, caller.owner.tenant, refused)
             return
-        session = Session(ws, caller.owner, self.backend, self.settings, self.metrics, expires_at=caller.expires_at,
+        session = Session(ws, caller.owner, self.backend, self._session_limits, self.metrics, expires_at=caller.expires_at,
                           trace_parent=_upgrade_trace(ws.request))
         self.sessions.add(session)
         self._connections.update(held)
