@@ -194,7 +194,7 @@ FRAMES: list[tuple[ClientFrame, list[tuple[Any, ...]], list[Any]]] = [
 
 
 def test_every_client_frame_type_is_specified_here() -> None:
-    assert sorted(type(frame).__struct_config__.tag for frame, _, _ in FRAMES) == sorted(CLIENT_FRAME_TYPES)
+    assert sorted(str(type(frame).__struct_config__.tag) for frame, _, _ in FRAMES) == sorted(CLIENT_FRAME_TYPES)
 
 
 @pytest.mark.parametrize(("frame", "calls", "told"), FRAMES, ids=[type(f).__struct_config__.tag for f, _, _ in FRAMES])
