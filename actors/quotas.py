@@ -115,15 +115,11 @@ class Caller(Protocol):
 
 @dataclass(frozen=True)
 class QuotaLimits:
-    """The limit of each (quota, scope); absent or 0 means no limit (the counter still counts)."""
+    """The limit of each (quota, scope); absent or 0 means no limit (the counter still counts).
+    Built by the edge from its configuration (the gateway's `quota_limits`, from the settings its
+    rules name) and handed to the hosts and backends."""
 
     values: Mapping[tuple[Quota, Scope], int] = field(default_factory=dict)
-
-    @classmethod
-    def from_settings(cls, settings: object) -> QuotaLimits:
-        """Every rule of the table, its limit read from the attribute its `setting` names (the
-        gateway's `Settings`, at the edge)."""
-        return cls({key: int(getattr(settings, rule.setting)) for key, rule in QUOTAS.items()})
 
     def limit(self, quota: Quota, scope: Scope) -> int | None:
         value = self.values.get((quota, scope), 0)

@@ -23,12 +23,12 @@ from actors.hosting.backend import Backend
 from actors.llm.scripts import load_script, register_script
 from actors.llm.stream import stream_model
 from actors.profile import AgentProfile
-from actors.quotas import QuotaLimits
 from actors.ray.config import RayConfig
 from actors.store import store_from_url
 from actors.tools.durable import DurableTools
 from actors.tools.executor import LocalToolExecutor
 from actors.tools.registry import ToolRegistry
+from gateway.limits import quota_limits
 from gateway.settings import Settings
 
 SERVE_SCRIPT_NAME = "serve"
@@ -90,7 +90,7 @@ def local_backend(settings: Settings, setup: AgentSetup) -> Backend:
         registry=setup.registry,
         tools=DurableTools(LocalToolExecutor(setup.registry), store),
         stream_model=stream_model,
-        quotas=QuotaLimits.from_settings(settings),
+        quotas=quota_limits(settings),
     )
     return LocalBackend(
         store, runtime, {setup.profile.name: setup.profile},
@@ -107,7 +107,7 @@ def ray_config(settings: Settings, setup: AgentSetup) -> RayConfig:
         profiles={setup.profile.name: setup.profile},
         scripts={SERVE_SCRIPT_NAME: str(setup.script_path)} if setup.script_path else {},
         idle_ttl_s=settings.idle_ttl_s,
-        quotas=QuotaLimits.from_settings(settings),
+        quotas=quota_limits(settings),
         otlp_endpoint=otlp_endpoint(settings),
         hosts=settings.hosts,
         actor_resource=settings.ray_actor_resource,

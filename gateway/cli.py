@@ -7,16 +7,52 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Final, TypeAlias
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # LiteLLM stalls offline without it
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+AddParser: TypeAlias = Callable[[Subparsers, str], argparse.ArgumentParser]  # (subparsers, its name) → its parser
+Run: TypeAlias = Callable[[argparse.Namespace], int]                         # parsed arguments → the exit status
+
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="reactgate", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    args = parser().parse_args(argv)
+    run: Run = args.run
+    return run(args)
 
-    serve = sub.add_parser("serve", help="serve agent conversations over WebSockets (demo agent with no flags)")
+
+def parser() -> argparse.ArgumentParser:
+    """`reactgate` with every subcommand of `SUBCOMMANDS` (at the end of this file), in its order."""
+    top = argparse.ArgumentParser(prog="reactgate", description=__doc__)
+    commands = top.add_subparsers(dest="command", required=True)
+    groups: dict[str, Subparsers] = {}
+    for words, (add_parser, run) in SUBCOMMANDS.items():
+        *group, name = words.split()
+        subparsers = commands
+        if group:  # `reactgate agent check`: the group's parser first, once
+            (word,) = group
+            if word not in groups:
+                groups[word] = commands.add_parser(word, help=GROUPS[word]).add_subparsers(
+                    dest=f"{word}_command", required=True)
+            subparsers = groups[word]
+        add_parser(subparsers, name).set_defaults(run=run)
+    return top
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    """--token, else REACTGATE_TOKEN: read here, at the edge, never inside the client library."""
+    return args.token or os.environ.get("REACTGATE_TOKEN") or None
+
+
+# -- serve ----------------------------------------------------------------------------------------
+
+
+def _serve_parser(subparsers: Subparsers, name: str) -> argparse.ArgumentParser:
+    serve = subparsers.add_parser(name, help="serve agent conversations over WebSockets (demo agent with no flags)")
     serve.add_argument("--host", help="bind address (default 127.0.0.1; anything else needs an auth secret)")
     serve.add_argument("--port", type=int, help="port (default 8765; 0 picks a free one)")
     serve.add_argument("--backend", choices=["ray", "local"], help="hosting backend (default ray)")
@@ -26,8 +62,52 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--store", help="sqlite:///PATH (default ./data/reactgate.sqlite3) or postgresql://...")
     serve.add_argument("--ray-address", help="join this Ray cluster instead of starting a local one")
     serve.add_argument("--auth-secret", help="JWT HS256 secret, 32 bytes or more (prefer REACTGATE_AUTH_SECRET: argv is visible)")
+    return serve
 
-    chat = sub.add_parser("chat", help="terminal client: stream a conversation, resume after reconnect")
+
+# The flags of `serve` that override a setting (README.md#configuration); unset, the setting stands.
+SERVE_SETTINGS: Final = ("host", "port", "backend", "agent", "script", "model", "store", "ray_address", "auth_secret")
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    from pydantic import ValidationError
+
+    from actors.hosting.backend import ConfigurationReplaced
+    from gateway.app import StartupError, build_backend
+    from gateway.auth import AuthConfigError, load_verifier
+    from gateway.origins import OriginConfigError, OriginPolicy
+    from gateway.server import run
+    from gateway.settings import BindRefused, Settings, check_bind
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    overrides = {key: value for key in SERVE_SETTINGS if (value := getattr(args, key)) is not None}
+    try:
+        settings = Settings(**overrides)
+        # Everything that can be refused is refused before anything starts: the bind, the key
+        # files and the secret's length, the allowed origins, the agent and its store.
+        check_bind(settings)
+        load_verifier(settings)
+        OriginPolicy.from_settings(settings)
+        backend = build_backend(settings)
+    except (StartupError, BindRefused, AuthConfigError, OriginConfigError, ValidationError) as exc:
+        print(f"reactgate serve: {exc}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(run(settings, backend))
+    except ConfigurationReplaced as exc:  # the cluster serves a newer configuration (docs/design.md#generations)
+        print(f"reactgate serve: refused by the cluster: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+# -- chat -----------------------------------------------------------------------------------------
+
+
+def _chat_parser(subparsers: Subparsers, name: str) -> argparse.ArgumentParser:
+    chat = subparsers.add_parser(name, help="terminal client: stream a conversation, resume after reconnect")
     chat.add_argument("--url", default="ws://127.0.0.1:8765/ws", help="gateway WebSocket URL")
     chat.add_argument("--token", help="JWT (default: REACTGATE_TOKEN; argv is visible to other users)")
     chat.add_argument("--conversation", help="re-open this conversation (replays its history)")
@@ -36,14 +116,41 @@ def main(argv: list[str] | None = None) -> int:
     chat.add_argument("--message", help="send one message, print the turn, exit 0 when it completes")
     chat.add_argument("--give-up-after", type=float, default=120.0, metavar="S",
                       help="exit 2 after S seconds without a connection (default 120)")
+    return chat
 
-    mock = sub.add_parser("mock-llm", help="serve a script as an OpenAI-compatible SSE endpoint")
+
+def _chat(args: argparse.Namespace) -> int:
+    from client.chat import run_chat
+
+    return run_chat(
+        args.url, token=_token(args), conversation_id=args.conversation, message=args.message,
+        agent=args.agent, mode=args.mode, give_up_after_s=args.give_up_after,
+    )
+
+
+# -- mock-llm -------------------------------------------------------------------------------------
+
+
+def _mock_llm_parser(subparsers: Subparsers, name: str) -> argparse.ArgumentParser:
+    mock = subparsers.add_parser(name, help="serve a script as an OpenAI-compatible SSE endpoint")
     mock.add_argument("--script", required=True, help="script JSON file (docs/design.md#scripted-model)")
     mock.add_argument("--host", default="127.0.0.1")
     mock.add_argument("--port", type=int, default=8766)
+    return mock
 
-    load = sub.add_parser(
-        "loadtest",
+
+def _mock_llm(args: argparse.Namespace) -> int:
+    from actors.llm.mock_server import run_mock_server
+
+    return run_mock_server(args.script, host=args.host, port=args.port)
+
+
+# -- loadtest -------------------------------------------------------------------------------------
+
+
+def _loadtest_parser(subparsers: Subparsers, name: str) -> argparse.ArgumentParser:
+    load = subparsers.add_parser(
+        name,
         help="simulated users against a gateway on this machine: latency, throughput, lost/duplicated events",
         description="N simulated users (one connection and one conversation each) send turns back to back "
         "for S seconds, then let their last turn finish. Prints p50/p95/p99/max of time to first delta and "
@@ -74,57 +181,10 @@ def main(argv: list[str] | None = None) -> int:
                       help="after the duration, wait at most S seconds for the last turns (default 30)")
     load.add_argument("--message", help="the user message every turn sends")
     load.add_argument("--seed", type=int, help="seed for the drop schedule")
-
-    agent = sub.add_parser("agent", help="work with agent profiles")
-    agent_sub = agent.add_subparsers(dest="agent_command", required=True)
-    agent_check = agent_sub.add_parser(
-        "check", help="load a profile as serve would (tools imported, MCP servers started) and print its tools per state",
-    )
-    agent_check.add_argument("profile", help="agent profile TOML")
-    agent_check.add_argument("--json", action="store_true", help="print JSON instead of tables")
-
-    from gateway.replay_command import add_parser as add_replay_parser
-
-    add_replay_parser(sub)
-
-    args = parser.parse_args(argv)
-    if args.command == "serve":
-        return _serve(args)
-    if args.command == "chat":
-        from client.chat import run_chat
-
-        return run_chat(
-            args.url, token=_token(args), conversation_id=args.conversation, message=args.message,
-            agent=args.agent, mode=args.mode, give_up_after_s=args.give_up_after,
-        )
-    if args.command == "loadtest":
-        return _loadtest(args)
-    if args.command == "replay":
-        from gateway.replay_command import run as run_replay
-
-        return run_replay(args)
-    if args.command == "agent":
-        from pathlib import Path
-
-        from gateway.agent_check import check
-
-        return check(Path(args.profile), as_json=args.json)
-    if args.command == "mock-llm":
-        from actors.llm.mock_server import run_mock_server
-
-        return run_mock_server(args.script, host=args.host, port=args.port)
-    parser.error(f"unknown command {args.command}")
-    return 2
-
-
-def _token(args: argparse.Namespace) -> str | None:
-    """--token, else REACTGATE_TOKEN: read here, at the edge, never inside the client library."""
-    return args.token or os.environ.get("REACTGATE_TOKEN") or None
+    return load
 
 
 def _loadtest(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from client.loadtest.command import EXIT_USAGE, run_loadtest
     from client.loadtest.runner import LoadConfig, ScriptInfo
     from client.loadtest.user import DEFAULT_MESSAGE
@@ -150,41 +210,66 @@ def _loadtest(args: argparse.Namespace) -> int:
     return run_loadtest(config, script_info)
 
 
-def _serve(args: argparse.Namespace) -> int:
-    import asyncio
-    import logging
+# -- agent check ----------------------------------------------------------------------------------
 
-    from pydantic import ValidationError
 
-    from gateway.app import StartupError, build_backend
-    from gateway.auth import AuthConfigError, load_verifier
-    from gateway.origins import OriginConfigError, OriginPolicy
-    from gateway.server import run
-    from gateway.settings import BindRefused, Settings, check_bind
+def _agent_check_parser(subparsers: Subparsers, name: str) -> argparse.ArgumentParser:
+    check = subparsers.add_parser(
+        name, help="load a profile as serve would (tools imported, MCP servers started) and print its tools per state",
+    )
+    check.add_argument("profile", help="agent profile TOML")
+    check.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    return check
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    overrides = {
-        key: value
-        for key in ("host", "port", "backend", "agent", "script", "model", "store", "ray_address", "auth_secret")
-        if (value := getattr(args, key)) is not None
-    }
-    try:
-        settings = Settings(**overrides)
-        check_bind(settings)
-        load_verifier(settings)  # key files, secret length: refused before anything starts
-        OriginPolicy.from_settings(settings)
-        backend = build_backend(settings)
-    except (StartupError, BindRefused, AuthConfigError, OriginConfigError, ValidationError) as exc:
-        print(f"reactgate serve: {exc}", file=sys.stderr)
-        return 2
-    from actors.hosting.backend import ConfigurationReplaced
 
-    try:
-        asyncio.run(run(settings, backend))
-    except ConfigurationReplaced as exc:  # the cluster serves a newer configuration (docs/design.md#generations)
-        print(f"reactgate serve: refused by the cluster: {exc}", file=sys.stderr)
-        return 2
-    return 0
+def _agent_check(args: argparse.Namespace) -> int:
+    from gateway.agent_check import check
+
+    return check(Path(args.profile), as_json=args.json)
+
+
+# -- replay ---------------------------------------------------------------------------------------
+
+
+def _replay_parser(subparsers: Subparsers, name: str) -> argparse.ArgumentParser:
+    replay = subparsers.add_parser(
+        name,
+        help="re-run a recorded conversation's model output under another agent profile; exit 3 when it differs",
+        description="Re-runs the raw model output of every recorded round of a conversation through the "
+        "governance of another agent profile (no model call, no tool call; recorded observations are reused "
+        "where the same call is accepted) and prints what would differ per round: lanes allowed/denied, "
+        "emitted characters, notices, finish legality, the final answer. Exits 0 when nothing differs, "
+        "3 when something does, 2 on bad input.",
+    )
+    replay.add_argument("--store", required=True, help="the store holding the conversation: sqlite:///PATH or postgresql://...")
+    replay.add_argument("--conversation", required=True, help="the conversation id")
+    replay.add_argument("--agent", required=True, metavar="OTHER.toml", help="the agent profile to replay under")
+    replay.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
+    return replay
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from gateway.replay_command import run
+
+    return run(args)
+
+
+# -- the table ------------------------------------------------------------------------------------
+
+GROUPS: Final[Mapping[str, str]] = {"agent": "work with agent profiles"}
+
+# Every subcommand: its words after `reactgate` (a first word of several is a group of GROUPS), the
+# parser of its arguments, what runs it. Parsing imports nothing beyond argparse; each run imports
+# what it needs.
+SUBCOMMANDS: Final[Mapping[str, tuple[AddParser, Run]]] = {
+    #  reactgate …   parser                run
+    "serve":       (_serve_parser,       _serve),
+    "chat":        (_chat_parser,        _chat),
+    "mock-llm":    (_mock_llm_parser,    _mock_llm),
+    "loadtest":    (_loadtest_parser,    _loadtest),
+    "agent check": (_agent_check_parser, _agent_check),
+    "replay":      (_replay_parser,      _replay),
+}  # fmt: skip
 
 
 if __name__ == "__main__":

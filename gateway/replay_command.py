@@ -40,25 +40,8 @@ class BadInput(Exception):
     """What the user asked for cannot be replayed; the message says why."""
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """`reactgate replay` on the CLI's subcommands (`argparse` `add_subparsers()` result)."""
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        "replay",
-        help="re-run a recorded conversation's model output under another agent profile; exit 3 when it differs",
-        description="Re-runs the raw model output of every recorded round of a conversation through the "
-        "governance of another agent profile (no model call, no tool call; recorded observations are reused "
-        "where the same call is accepted) and prints what would differ per round: lanes allowed/denied, "
-        "emitted characters, notices, finish legality, the final answer. Exits 0 when nothing differs, "
-        "3 when something does, 2 on bad input.",
-    )
-    parser.add_argument("--store", required=True, help="the store holding the conversation: sqlite:///PATH or postgresql://...")
-    parser.add_argument("--conversation", required=True, help="the conversation id")
-    parser.add_argument("--agent", required=True, metavar="OTHER.toml", help="the agent profile to replay under")
-    parser.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
-    return parser
-
-
 def run(args: argparse.Namespace) -> int:
+    """`reactgate replay` (its arguments: gateway/cli.py)."""
     # Cells hold model-written text: no markup, no emoji codes, nothing rich would reinterpret.
     out = Console(highlight=False, soft_wrap=True, emoji=False)
     err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)

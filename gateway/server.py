@@ -1,8 +1,9 @@
 """The gateway: WebSocket `reactgate.v1` at /ws plus plain HTTP on the same port (docs/wire-protocol.md).
 
 A thin shell over the hosting interface (`actors.hosting.backend.Backend`): it authenticates the
-handshake, decodes frames (`protocol.frames`), applies the per-connection limits, calls the
-backend, and hands everything it sends to the connection's `Session` queue.
+handshake, decodes frames (`protocol.frames`), applies the per-connection limits, hands each
+frame to `gateway.dispatch` (its backend call and reply, or the error frame its refusal is), and
+everything it sends to the connection's `Session` queue.
 
 Refusals, by where they happen:
 - handshake: wrong path → HTTP 404; a browser page from an origin not allowed → HTTP 403
@@ -13,8 +14,8 @@ Refusals, by where they happen:
   user: docs/design.md#quotas) → an `error quota_exceeded` frame, then close 1013; frame over
   max_frame_bytes → close 1009 (websockets' `max_size`); `bad_frames_before_close` bad frames in a
   row → close 1008; drain → close 1012.
-- everything else is an `error` frame and the connection stays open. Choices this gateway makes
-  (docs/wire-protocol.md#14-details-worth-knowing):
+- everything else is an `error` frame and the connection stays open (gateway/dispatch.py's
+  `REFUSALS`). Choices this gateway makes (docs/wire-protocol.md#14-details-worth-knowing):
   subscribing to more than `max_conversations_per_connection` conversations is `overloaded` (a
   resource limit, like rate_limited — not a malformed frame); a client that keeps sending but
   never reads its replies is closed with 1008 once its send queue is full even of control frames.
@@ -31,11 +32,11 @@ import mimetypes
 import re
 import signal
 import time
-import uuid
 import weakref
+from collections.abc import Callable, Mapping
 from http import HTTPStatus
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from opentelemetry.context import Context
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -46,47 +47,21 @@ from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
 from actors import tracing
-from actors.hosting.backend import (
-    Answer,
-    Backend,
-    Cancel,
-    Command,
-    ConfigurationReplaced,
-    Forbidden,
-    SetMode,
-    Steer,
-    UnknownAgent,
-    UnknownAsk,
-    UserMessage,
-)
-from actors.quotas import QuotaExceeded, QuotaLimits, Scope, connection_refusal, scope_key
+from actors.hosting.backend import Backend, ConfigurationReplaced
+from actors.quotas import QuotaExceeded, Scope, connection_refusal, scope_key
 from gateway.auth import Caller, Unauthorized, authenticate, load_verifier
+from gateway.dispatch import dispatch, quota_error
+from gateway.limits import quota_limits, session_limits
 from gateway.metrics import GatewayMetrics
 from gateway.origins import OriginPolicy
-from gateway.session import FORBIDDEN_MESSAGE, Session
+from gateway.session import Session
 from gateway.settings import Settings, check_bind
 from protocol.frames import (
     SUBPROTOCOL,
     WS_PATH,
-    Ack,
-    AnswerFrame,
-    CancelFrame,
-    ClientFrame,
     CloseCode,
-    CommandFrame,
-    DeleteFrame,
     ErrorCode,
-    ErrorFrame,
-    ExportFrame,
     FrameError,
-    Open,
-    Ping,
-    Pong,
-    SetModeFrame,
-    SteerFrame,
-    Subscribe,
-    Unsubscribe,
-    UserMessageFrame,
     decode_client_frame,
     encode_frame,
     recover_id,
@@ -112,26 +87,6 @@ PLACEHOLDER_PAGE = (
 BINARY_MESSAGE = "binary frames are not accepted: send JSON text frames"
 
 
-def _quota_error(refused: QuotaExceeded, frame_id: str | None = None, conversation_id: str | None = None) -> ErrorFrame:
-    return ErrorFrame(code=ErrorCode.QUOTA_EXCEEDED, message=refused.message, id=frame_id,
-                      conversation_id=conversation_id, quota=refused.quota.value, scope=refused.scope.value,
-                      resets_at=refused.resets_at_iso)
-
-
-def _command(frame: CommandFrame, trace: dict[str, str]) -> Command:
-    match frame:
-        case UserMessageFrame():
-            return UserMessage(id=frame.id, text=frame.text, trace=trace)
-        case SteerFrame():
-            return Steer(id=frame.id, text=frame.text, trace=trace)
-        case AnswerFrame():
-            return Answer(id=frame.id, ask_id=frame.ask_id, answer=frame.answer)
-        case SetModeFrame():
-            return SetMode(id=frame.id, mode=frame.mode)
-        case CancelFrame():
-            return Cancel(id=frame.id)
-
-
 class GatewayServer:
     """`await start()` → (host, port); `await serve_forever()`; `await drain()` on SIGTERM."""
 
@@ -151,8 +106,10 @@ class GatewayServer:
         self._replaced: ConfigurationReplaced | None = None  # a newer configuration generation took over
         self._drain_task: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
-        # Connection quotas: this replica's own sockets, by client address and by user.
-        self._quotas = QuotaLimits.from_settings(settings)
+        # Read once, here: each connection's limits, and the connection quotas (this replica's own
+        # sockets, by client address and by user).
+        self._session_limits = session_limits(settings)
+        self._quotas = quota_limits(settings)
         self._connections: collections.Counter[tuple[Scope, str]] = collections.Counter()
         self._quota_metrics: asyncio.Task[None] | None = None
 
@@ -257,30 +214,48 @@ class GatewayServer:
     def _left(deadline: float, share: float) -> float:
         return max(0.0, (deadline - time.monotonic()) * share)
 
-    # -- HTTP on the same port ----------------------------------------------------------------
+    # -- HTTP on the same port: routed by `ROUTES` (below the class) ---------------------------
 
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
-        path, _, query = request.path.partition("?")
-        if path == "/healthz":
-            return connection.respond(HTTPStatus.OK, "ok\n")
-        if path == "/readyz":
-            generation = self.backend.generation or "local"
-            if self.ready:
-                return connection.respond(HTTPStatus.OK, f"ready (generation {generation})\n")
-            why = "draining" if self._draining else "backend not started"
-            if self._replaced is not None:
-                why = f"draining: {self._replaced}"
-            return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, f"not ready: {why}\n")
-        if path == "/metrics":
-            return _response(HTTPStatus.OK, self.metrics.render(), CONTENT_TYPE_LATEST)
-        if path in ("/", "/index.html"):
-            index = STATIC_DIR / "index.html"
-            body = index.read_bytes() if index.is_file() else PLACEHOLDER_PAGE
-            return _response(HTTPStatus.OK, body, "text/html; charset=utf-8")
-        if path.startswith("/static/"):
-            return self._static(connection, path.removeprefix("/static/"))
-        if path != WS_PATH:
-            return connection.respond(HTTPStatus.NOT_FOUND, f"not found: the WebSocket endpoint is {WS_PATH}\n")
+        """Every request, before any WebSocket: its route's response, or None to go on with the
+        WebSocket handshake."""
+        return route(_path(request))(self, connection, request)
+
+    def _healthz(self, connection: ServerConnection, request: Request) -> Response:
+        return connection.respond(HTTPStatus.OK, "ok\n")
+
+    def _readyz(self, connection: ServerConnection, request: Request) -> Response:
+        """503 while this replica must not get new clients: a load balancer stops sending them."""
+        if self.ready:
+            return connection.respond(HTTPStatus.OK, f"ready (generation {self.backend.generation or 'local'})\n")
+        why = "draining" if self._draining else "backend not started"
+        if self._replaced is not None:
+            why = f"draining: {self._replaced}"
+        return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, f"not ready: {why}\n")
+
+    def _metrics_page(self, connection: ServerConnection, request: Request) -> Response:
+        return _response(HTTPStatus.OK, self.metrics.render(), CONTENT_TYPE_LATEST)
+
+    def _console(self, connection: ServerConnection, request: Request) -> Response:
+        index = STATIC_DIR / "index.html"
+        body = index.read_bytes() if index.is_file() else PLACEHOLDER_PAGE
+        return _response(HTTPStatus.OK, body, "text/html; charset=utf-8")
+
+    def _static(self, connection: ServerConnection, request: Request) -> Response:
+        # One plain file name: no path, so nothing outside STATIC_DIR is ever served.
+        name = _path(request).removeprefix("/static/")
+        if not _STATIC_NAME.match(name) or not (file := STATIC_DIR / name).is_file():
+            return connection.respond(HTTPStatus.NOT_FOUND, "not found\n")
+        content_type = mimetypes.guess_type(name)[0] or "application/octet-stream"
+        return _response(HTTPStatus.OK, file.read_bytes(), content_type)
+
+    def _not_found(self, connection: ServerConnection, request: Request) -> Response:
+        return connection.respond(HTTPStatus.NOT_FOUND, f"not found: the WebSocket endpoint is {WS_PATH}\n")
+
+    def _handshake(self, connection: ServerConnection, request: Request) -> Response | None:
+        """The WebSocket path: refused while draining (503), from a browser origin not allowed (403)
+        or without a valid token (401), before any WebSocket exists (docs/wire-protocol.md#a-refused-handshake).
+        Else the caller is kept for `_handle_connection` and the handshake goes on (subprotocol negotiation)."""
         if self._draining:
             return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "draining: reconnect to another replica\n")
         origins = request.headers.get_all("Origin")
@@ -290,19 +265,12 @@ class GatewayServer:
             log.warning("refused a WebSocket handshake from origin %.200r", ", ".join(origins))
             return connection.respond(HTTPStatus.FORBIDDEN, "forbidden: origin not allowed\n")
         try:
-            caller = authenticate(request.headers, query, self._verifier)
+            caller = authenticate(request.headers, request.path.partition("?")[2], self._verifier)
         except Unauthorized as exc:
             self.metrics.connections_refused.labels("unauthorized").inc()
             return connection.respond(HTTPStatus.UNAUTHORIZED, f"unauthorized: {exc}\n")
         self._callers[connection] = caller
-        return None  # go on with the WebSocket handshake (subprotocol negotiation)
-
-    def _static(self, connection: ServerConnection, name: str) -> Response:
-        file = STATIC_DIR / name
-        if not _STATIC_NAME.match(name) or not file.is_file():
-            return connection.respond(HTTPStatus.NOT_FOUND, "not found\n")
-        content_type = mimetypes.guess_type(name)[0] or "application/octet-stream"
-        return _response(HTTPStatus.OK, file.read_bytes(), content_type)
+        return None
 
     # -- WebSocket ----------------------------------------------------------------------------
 
@@ -322,7 +290,7 @@ class GatewayServer:
         if refused is not None:
             await self._refuse_connection(ws, caller.owner.tenant, refused)
             return
-        session = Session(ws, caller.owner, self.backend, self.settings, self.metrics, expires_at=caller.expires_at,
+        session = Session(ws, caller.owner, self.backend, self._session_limits, self.metrics, expires_at=caller.expires_at,
                           trace_parent=_upgrade_trace(ws.request))
         self.sessions.add(session)
         self._connections.update(held)
@@ -346,7 +314,7 @@ class GatewayServer:
         self.metrics.quota_refused.labels(tenant, refused.quota.value, refused.scope.value).inc()
         self.metrics.errors.labels(ErrorCode.QUOTA_EXCEEDED.value).inc()
         with contextlib.suppress(ConnectionClosed):
-            await ws.send(encode_frame(_quota_error(refused)), text=True)
+            await ws.send(encode_frame(quota_error(refused)), text=True)
             await ws.close(CloseCode.TRY_AGAIN_LATER, refused.message[:120])
 
     async def _read_loop(self, ws: ServerConnection, session: Session) -> None:
@@ -374,7 +342,7 @@ class GatewayServer:
                 continue
             session.bad_frames.good()
             self.metrics.frames_in.labels(type(frame).__struct_config__.tag).inc()
-            await self._dispatch(session, frame)
+            await dispatch(frame, session, self.backend, self.drain_soon)
 
     async def _bad_frame(self, ws: ServerConnection, session: Session, exc: FrameError) -> bool:
         """Answer a bad frame; True when the connection was closed for too many in a row."""
@@ -387,82 +355,34 @@ class GatewayServer:
         session.error(exc.code, exc.message, exc.id)
         return False
 
-    async def _dispatch(self, session: Session, frame: ClientFrame) -> None:
-        conversation_id = getattr(frame, "conversation_id", None)
-        try:
-            await self._apply(session, frame)
-        except Forbidden:
-            session.error(ErrorCode.FORBIDDEN, FORBIDDEN_MESSAGE, frame.id, conversation_id)
-        except UnknownAgent as exc:
-            agent = getattr(frame, "agent", None)
-            session.error(ErrorCode.NOT_FOUND, f"unknown agent {agent!r}" if agent else str(exc), frame.id)
-        except UnknownAsk:
-            session.error(ErrorCode.NOT_FOUND, "no question is waiting for this ask_id (answered, timed out, "
-                          "or never asked)", frame.id, conversation_id)
-        except ConfigurationReplaced:
-            self.drain_soon()  # not acked: the client sends it again to a current replica (1012 follows)
-        except QuotaExceeded as refused:  # raised by the backend or a host: the frame was not acted on
-            self.metrics.quota_refused.labels(session.owner.tenant, refused.quota.value, refused.scope.value).inc()
-            session.send(_quota_error(refused, frame.id, conversation_id))
-        except ConnectionClosed:
-            raise
-        except Exception:
-            ref = uuid.uuid4().hex[:12]
-            log.exception("frame %s failed (ref %s)", type(frame).__name__, ref)
-            session.error(ErrorCode.INTERNAL, f"internal error (ref {ref})", frame.id, conversation_id)
 
-    async def _apply(self, session: Session, frame: ClientFrame) -> None:
-        backend, owner = self.backend, session.owner
-        match frame:
-            case Ping():
-                session.send(Pong(id=frame.id))
-            case Open():
-                opened = await backend.open(owner, frame.conversation_id, frame.agent, frame.mode)
-                session.send(
-                    Ack(id=frame.id, status="accepted", conversation_id=opened.conversation_id,
-                        last_seq=opened.last_seq)
-                )
-            case Subscribe():
-                cid = frame.conversation_id
-                if not session.can_watch(cid):
-                    session.error(
-                        ErrorCode.OVERLOADED,
-                        f"this connection already watches {session.max_watched} conversations: "
-                        "unsubscribe one first",
-                        frame.id,
-                        cid,
-                    )
-                    return
-                # Ownership check before the ack: re-opening a conversation raises Forbidden for a
-                # caller who does not own it, whether or not it exists.
-                opened = await backend.open(owner, cid, None, None)
-                session.send(
-                    Ack(id=frame.id, status="accepted", conversation_id=cid, last_seq=opened.last_seq,
-                        after_seq=frame.after_seq)
-                )
-                session.watch(cid, frame.after_seq)
-            case Unsubscribe():
-                cid = frame.conversation_id
-                if session.watching(cid):
-                    session.unwatch(cid)
-                else:
-                    await backend.open(owner, cid, None, None)  # forbidden for anything not owned
-                session.send(Ack(id=frame.id, status="accepted", conversation_id=cid))
-            case UserMessageFrame() | SteerFrame() | AnswerFrame() | SetModeFrame() | CancelFrame():
-                kind = type(frame).__struct_config__.tag
-                with tracing.command(session.trace_parent, frame.conversation_id, str(kind), frame.id) as trace:
-                    status = await backend.command(owner, frame.conversation_id, _command(frame, trace))
-                session.send(Ack(id=frame.id, status=status, conversation_id=frame.conversation_id))
-            case DeleteFrame():
-                # Its watchers, on this connection too, get `conversation.deleted` from the backend; like
-                # any command's events, that may come before this ack or after it.
-                status = await backend.delete(owner, frame.conversation_id, frame.id)
-                session.send(Ack(id=frame.id, status=status, conversation_id=frame.conversation_id))
-            case ExportFrame():
-                export = await backend.export(owner, frame.conversation_id, frame.id)
-                session.send(Ack(id=frame.id, status=export.status, conversation_id=frame.conversation_id,
-                                 last_seq=export.last_seq))
-                session.export(frame.id, frame.conversation_id, export)  # after the ack, on the same queue
+Route = Callable[[GatewayServer, ServerConnection, Request], Response | None]
+
+# The paths served on the WebSocket's port (docs/wire-protocol.md#12-http-endpoints-on-the-same-port),
+# none of them behind a token; a key ending in `*` takes every path it begins. Any other path: 404
+# naming the WebSocket endpoint.
+ROUTES: Final[Mapping[str, Route]] = {
+    #  path           route
+    "/healthz":    GatewayServer._healthz,       # 200 ok: the process is up
+    "/readyz":     GatewayServer._readyz,        # 200 ready (generation …), or 503 not ready: why
+    "/metrics":    GatewayServer._metrics_page,  # Prometheus text
+    "/":           GatewayServer._console,       # the web console (gateway/static/index.html)
+    "/index.html": GatewayServer._console,
+    "/static/*":   GatewayServer._static,        # the console's assets; 404 for any other name
+    WS_PATH:       GatewayServer._handshake,     # None: the WebSocket handshake goes on, unless refused
+}  # fmt: skip
+
+
+def route(path: str) -> Route:
+    """The route of a request path (without its query)."""
+    if path in ROUTES:
+        return ROUTES[path]
+    prefixed = (r for key, r in ROUTES.items() if key.endswith("*") and path.startswith(key[:-1]))
+    return next(prefixed, GatewayServer._not_found)
+
+
+def _path(request: Request) -> str:
+    return request.path.partition("?")[0]
 
 
 def _upgrade_trace(request: Request | None) -> Context | None:

@@ -34,9 +34,8 @@ from opentelemetry.context import Context
 from websockets.exceptions import ConnectionClosed
 
 from actors.hosting.backend import Backend, Export, Forbidden, Owner
-from gateway.limits import BadFrameCounter, TokenBucket
+from gateway.limits import BadFrameCounter, SessionLimits, TokenBucket
 from gateway.metrics import GatewayMetrics
-from gateway.settings import Settings
 from protocol.events import ConversationDeleted, Event
 from protocol.frames import (
     CloseCode,
@@ -109,7 +108,7 @@ class Session:
         sink: Sink,
         owner: Owner,
         backend: Backend,
-        settings: Settings,
+        limits: SessionLimits,
         metrics: GatewayMetrics,
         *,
         expires_at: float | None = None,
@@ -120,11 +119,11 @@ class Session:
         self.owner = owner
         self.backend = backend
         self.metrics = metrics
-        self.max_events = settings.send_queue_frames
-        self.max_frames = settings.send_queue_frames + settings.max_conversations_per_connection + CONTROL_HEADROOM
-        self.max_watched = settings.max_conversations_per_connection
-        self.bucket = TokenBucket(settings.rate_per_s, settings.rate_burst)
-        self.bad_frames = BadFrameCounter(settings.bad_frames_before_close)
+        self.max_events = limits.send_queue_frames
+        self.max_frames = limits.send_queue_frames + limits.max_conversations_per_connection + CONTROL_HEADROOM
+        self.max_watched = limits.max_conversations_per_connection
+        self.bucket = TokenBucket(limits.rate_per_s, limits.rate_burst)
+        self.bad_frames = BadFrameCounter(limits.bad_frames_before_close)
         self.subs: dict[str, _Subscription] = {}
         self._queue: deque[_Out] = deque()
         self._wake = asyncio.Event()
@@ -157,6 +156,8 @@ class Session:
             return
         if isinstance(frame, ErrorFrame):
             self.metrics.errors.labels(frame.code.value).inc()
+            if frame.quota is not None:  # a quota refusal, also by tenant, quota and scope (docs/design.md#quotas)
+                self.metrics.quota_refused.labels(self.owner.tenant, frame.quota, frame.scope).inc()
         if len(self._queue) >= self.max_frames:
             self.close_soon(CloseCode.POLICY_VIOLATION, "slow consumer: send queue full")
             return

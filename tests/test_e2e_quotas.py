@@ -31,7 +31,6 @@ from actors.hosting.local import LocalBackend
 from actors.llm.scripts import register_script
 from actors.llm.stream import stream_model
 from actors.profile import AgentProfile, parse_profile
-from actors.quotas import QuotaLimits
 from actors.ray.backend import RayBackend
 from actors.ray.names import NAMESPACE
 from actors.store import store_from_url
@@ -39,6 +38,7 @@ from actors.tools.demo import demo_registry
 from actors.tools.durable import DurableTools
 from actors.tools.executor import LocalToolExecutor
 from gateway.app import AgentSetup, ray_config
+from gateway.limits import quota_limits
 from gateway.server import GatewayServer
 from gateway.settings import Settings
 from tests.kit import Client, client, http_get
@@ -128,7 +128,7 @@ def _backend(kind: str, settings: Settings, scripts: dict[str, str]) -> Any:
         return RayBackend(config, default_agent="quick")
     store = store_from_url(settings.store)
     runtime = Runtime(registry=registry, tools=DurableTools(LocalToolExecutor(registry), store),
-                      stream_model=stream_model, quotas=QuotaLimits.from_settings(settings))
+                      stream_model=stream_model, quotas=quota_limits(settings))
     return LocalBackend(store, runtime, PROFILES, default_agent="quick")
 
 

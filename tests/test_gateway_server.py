@@ -522,6 +522,18 @@ async def test_healthz_readyz_metrics_and_index() -> None:
         assert (await http_get(h.host, h.port, "/static/../server.py"))[0] == 404
 
 
+async def test_the_console_its_assets_and_nothing_else_are_served_over_http() -> None:
+    async with running() as h:
+        index = await http_get(h.host, h.port, "/")
+        assert await http_get(h.host, h.port, "/index.html") == index
+        status, headers, body = await http_get(h.host, h.port, "/static/console.js")
+        assert status == 200 and "javascript" in headers["content-type"] and body
+        assert (await http_get(h.host, h.port, "/static/missing.js"))[::2] == (404, b"not found\n")
+        assert (await http_get(h.host, h.port, "/static/"))[::2] == (404, b"not found\n")
+        assert (await http_get(h.host, h.port, "/healthz?probe=1"))[::2] == (200, b"ok\n")  # the query is not the path
+        assert (await http_get(h.host, h.port, "/ws/"))[::2] == (404, b"not found: the WebSocket endpoint is /ws\n")
+
+
 async def test_other_paths_and_subprotocols_are_refused_at_the_handshake() -> None:
     async with running() as h:
         with pytest.raises(InvalidStatus) as info:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from actors.hosting.backend import Owner
+from gateway.limits import session_limits
 from gateway.metrics import GatewayMetrics
 from gateway.session import CONTROL_HEADROOM, Session
 from gateway.settings import Settings
@@ -40,8 +41,8 @@ class StuckSink:
 @pytest.fixture
 async def stuck() -> AsyncIterator[tuple[Session, StuckSink, FakeBackend]]:
     sink, backend = StuckSink(), FakeBackend()
-    settings = Settings(send_queue_frames=5, max_conversations_per_connection=2)
-    session = Session(sink, OWNER, backend, settings, GatewayMetrics())
+    limits = session_limits(Settings(send_queue_frames=5, max_conversations_per_connection=2))
+    session = Session(sink, OWNER, backend, limits, GatewayMetrics())
     yield session, sink, backend
     await session.aclose()
 

@@ -44,6 +44,7 @@ from actors.quotas import (
     window_start,
 )
 from actors.store.sqlite import SqliteStore
+from gateway.limits import quota_limits
 from gateway.settings import Settings
 from protocol.frames import ErrorCode, ErrorFrame, decode_server_frame, encode_frame
 from tests.convkit import harness, rounds_script, script_model, tool_round
@@ -227,7 +228,7 @@ async def test_each_quota_trips_at_its_limit_and_frees_up(
 def test_every_quota_is_a_setting_with_its_documented_default(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in [k for k in os.environ if k.startswith("REACTGATE_QUOTA")]:
         monkeypatch.delenv(name)
-    defaults = QuotaLimits.from_settings(Settings()).values
+    defaults = quota_limits(Settings()).values
     assert {QUOTAS[key].setting: value for key, value in defaults.items()} == {
         "quota_open_conversations_per_user": 1_000,
         "quota_open_conversations_per_tenant": 100_000,
@@ -242,7 +243,12 @@ def test_every_quota_is_a_setting_with_its_documented_default(monkeypatch: pytes
         "quota_connections_per_user": 64,
     }
     monkeypatch.setenv("REACTGATE_QUOTA_TURNS_PER_MINUTE_PER_USER", "7")
-    assert QuotaLimits.from_settings(Settings()).limit(Quota.TURNS_PER_MINUTE, Scope.USER) == 7
+    assert quota_limits(Settings()).limit(Quota.TURNS_PER_MINUTE, Scope.USER) == 7
+
+
+def test_each_quota_setting_sets_the_limit_of_its_own_rule_and_no_other() -> None:
+    distinct = {rule.setting: 1_000 + i for i, rule in enumerate(QUOTAS.values())}
+    assert quota_limits(Settings(**distinct)).values == {key: distinct[rule.setting] for key, rule in QUOTAS.items()}
 
 
 def test_a_zero_limit_is_no_limit() -> None:

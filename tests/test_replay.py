@@ -33,6 +33,7 @@ from actors.tools.executor import LocalToolExecutor
 from actors.tools.registry import ToolRegistry
 from actors.turn import GIVE_UP_MESSAGES
 from gateway import replay_command
+from gateway.cli import parser as cli_parser
 from protocol.events import EndReason, Event, encode_data
 from tests.roundkit import action, call, complete, text_round, thinking
 
@@ -499,9 +500,7 @@ async def test_a_turn_cut_mid_round_in_an_old_database_resumes_after_the_upgrade
 
 
 def command(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="reactgate")
-    replay_command.add_parser(parser.add_subparsers(dest="command", required=True))
-    return parser.parse_args(["replay", *argv])
+    return cli_parser().parse_args(["replay", *argv])
 
 
 @pytest.fixture
