@@ -28,6 +28,13 @@ class Safety(StrEnum):
 ASK_USER_TOOL = "react.ask_user"
 
 
+def spend_exploration(used: int, cap: int) -> int | None:
+    """The exploration budget's count after one more exploration call, or None when the call is
+    over the cap: it is not executed and does not count (docs/design.md#exploration-budget). The
+    tool pool keeps the authoritative count; replay counts the same way."""
+    return used + 1 if used < cap else None
+
+
 @dataclass(frozen=True, slots=True)
 class ToolDecl:
     tool_id: str

@@ -19,6 +19,8 @@ import msgspec
 
 from actors.catalog import ASK_USER_TOOL, ToolDecl, Trait
 from actors.gates import CONTINUE_EXPLORING, EXPLORATION_MARKER, STOP_EXPLORING
+from protocol.actions import call_tool_action
+from protocol.channels import Channel, open_tag, render, render_action
 from protocol.timeline import (
     Block,
     FinalBlock,
@@ -71,57 +73,62 @@ def ledger_summary(steps: Sequence[Step], limit: int = LEDGER_MAX_CHARS) -> str:
 
 # -- the system prompt ----------------------------------------------------------------------------
 
+# The protocol as the model is taught it; every tag is written by `protocol.channels` (one spelling).
 _PROTOCOL: Final = """You are an agent governed by a runtime. Every response you write follows this protocol exactly.
 
 Write channel blocks, separated only by whitespace, in this order:
-1. <channel:thinking>one or two short sentences of status for the user</channel:thinking> — first, exactly once.
-2. One or more <channel:action> blocks (at most {max_actions}), each holding ONE JSON object, bare or in a ```json fence:
-   - call a tool: {{"action": "call_tool", "tool_call": {{"tool_id": "<id>", "params": {{...}}}}}}
-   - finish with an answer: {{"action": "complete", "final_answer": "<the answer for the user>"}}
-   - stop when you cannot or should not go on: {{"action": "exit", "final_answer": "<why, for the user>", "reason": "<short>"}}
-   - to ask the user, call the tool react.ask_user with {{"question": "...", "options": ["...", "..."]}}.
-3. <channel:code>…</channel:code> — only for a tool marked uses_code; at most one.
-4. <channel:summary>…</channel:summary> — only with complete or exit; a short continuity summary.
+1. {thinking_block} — first, exactly once.
+2. One or more {action_tag} blocks (at most {{max_actions}}), each holding ONE JSON object, bare or in a ```json fence:
+   - call a tool: {{{{"action": "call_tool", "tool_call": {{{{"tool_id": "<id>", "params": {{{{...}}}}}}}}}}}}
+   - finish with an answer: {{{{"action": "complete", "final_answer": "<the answer for the user>"}}}}
+   - stop when you cannot or should not go on: {{{{"action": "exit", "final_answer": "<why, for the user>", "reason": "<short>"}}}}
+   - to ask the user, call the tool react.ask_user with {{{{"question": "...", "options": ["...", "..."]}}}}.
+3. {code_block} — only for a tool marked uses_code; at most one.
+4. {summary_block} — only with complete or exit; a short continuity summary.
 Write nothing outside the blocks. Use only the keys shown.
 
 Rules you are held to:
-- Observe before you finish: answer with complete only after at least one tool observation in this turn{finish_note}.
+- Observe before you finish: answer with complete only after at least one tool observation in this turn{{finish_note}}.
 - Never put complete or exit in the same response as a tool whose result you have not seen, except neutral tools.
 - An exploitation tool (it uses data already visible) cannot share a response with an exploration tool (it fetches data).
-- Exploration tools are budgeted ({cap} per turn). When a call returns EXPLORATION_BUDGET_REACHED, your next tool call
-  must be react.ask_user with {marker} in the question and the options "{cont}" and "{stop}".
+- Exploration tools are budgeted ({{cap}} per turn). When a call returns EXPLORATION_BUDGET_REACHED, your next tool call
+  must be react.ask_user with {{marker}} in the question and the options "{{cont}}" and "{{stop}}".
 - Observations and runtime notices arrive as user messages starting with [observation] or [notice]. A notice says
   exactly what was rejected and why; correct that and continue.
 
-{example}"""
+{{example}}""".format(
+    thinking_block=render(Channel.THINKING, "one or two short sentences of status for the user"),
+    action_tag=open_tag(Channel.ACTION),
+    code_block=render(Channel.CODE, "…"),
+    summary_block=render(Channel.SUMMARY, "…"),
+)
+
+
+def _fenced(action: Mapping[str, Any]) -> str:
+    return render(Channel.ACTION, f"```json\n{json.dumps(action, ensure_ascii=False)}\n```")
+
+
+def _example(asks: str, first: str, call: str, then: str, second: str, answer: str) -> str:
+    return (
+        f"Worked example — the user asks {asks}:\n{render(Channel.THINKING, first)}\n{call}\n"
+        f"Then, after the observation{then}:\n{render(Channel.THINKING, second)}\n"
+        f"{render_action({'action': 'complete', 'final_answer': answer})}\n"
+    )
+
 
 # The demo agent's worked example (docs/design.md#demo-tools); any other agent gets one built from
 # its own tools, so no agent's prompt mentions a tool it does not have.
-_DEMO_EXAMPLE: Final = """Worked example — the user asks "What's the weather in Paris?":
-<channel:thinking>Checking the weather in Paris.</channel:thinking>
-<channel:action>```json
-{"action": "call_tool", "tool_call": {"tool_id": "demo.weather", "params": {"city": "Paris"}}}
-```</channel:action>
-Then, after the observation {"city": "Paris", "condition": "rain", "temp_c": 12}:
-<channel:thinking>Paris is rainy right now.</channel:thinking>
-<channel:action>{"action": "complete", "final_answer": "It is raining in Paris, 12 °C."}</channel:action>
-"""
 _DEMO_EXAMPLE_TOOL: Final = "demo.weather"
-
-_EXAMPLE: Final = """Worked example — the user asks something your tool {tool_id} can look up:
-<channel:thinking>Looking that up.</channel:thinking>
-<channel:action>```json
-{call}
-```</channel:action>
-Then, after the observation:
-<channel:thinking>I have what I need.</channel:thinking>
-<channel:action>{{"action": "complete", "final_answer": "<the answer, from the observation>"}}</channel:action>
-"""
-
-_EXAMPLE_WITHOUT_TOOLS: Final = """Worked example — the user asks a question you can answer:
-<channel:thinking>Answering directly.</channel:thinking>
-<channel:action>{"action": "complete", "final_answer": "<the answer>"}</channel:action>
-"""
+_DEMO_EXAMPLE: Final = _example(
+    '"What\'s the weather in Paris?"', "Checking the weather in Paris.",
+    _fenced({"action": "call_tool", "tool_call": {"tool_id": _DEMO_EXAMPLE_TOOL, "params": {"city": "Paris"}}}),
+    ' {"city": "Paris", "condition": "rain", "temp_c": 12}', "Paris is rainy right now.", "It is raining in Paris, 12 °C.",
+)
+_EXAMPLE_WITHOUT_TOOLS: Final = (
+    "Worked example — the user asks a question you can answer:\n"
+    f"{render(Channel.THINKING, 'Answering directly.')}\n"
+    f"{render_action({'action': 'complete', 'final_answer': '<the answer>'})}\n"
+)
 
 _PLACEHOLDERS: Final = {"string": "…", "integer": 1, "number": 1.5, "boolean": True, "array": [], "object": {}}
 
@@ -139,7 +146,8 @@ def worked_example(tools: Sequence[ToolDecl]) -> str:
     params = {name: _PLACEHOLDERS.get(str(properties.get(name, {}).get("type")), "…")
               for name in decl.params_schema.get("required", [])}
     call = {"action": "call_tool", "tool_call": {"tool_id": decl.tool_id, "params": params}}
-    return _EXAMPLE.format(tool_id=decl.tool_id, call=json.dumps(call, ensure_ascii=False))
+    return _example(f"something your tool {decl.tool_id} can look up", "Looking that up.", _fenced(call), "",
+                    "I have what I need.", "<the answer, from the observation>")
 
 
 def system_prompt(
@@ -201,10 +209,6 @@ class _Unit:
     tool_json: str | None = None   # the observation JSON this unit carries, if any
 
 
-def _action_block(obj: dict[str, Any]) -> str:
-    return f"<channel:action>{json.dumps(obj, ensure_ascii=False)}</channel:action>"
-
-
 def render_timeline(blocks: Sequence[Block], turn_id: str) -> list[_Unit]:
     units: list[_Unit] = []
     assistant: list[str] = []
@@ -220,17 +224,15 @@ def render_timeline(blocks: Sequence[Block], turn_id: str) -> list[_Unit]:
     for i, block in enumerate(blocks):
         if isinstance(block, ThinkingBlock):
             flush_assistant()
-            assistant.append(f"<channel:thinking>{block.text}</channel:thinking>")
+            assistant.append(render(Channel.THINKING, block.text))
         elif isinstance(block, ToolCallBlock):
-            assistant.append(
-                _action_block({"action": "call_tool", "tool_call": {"tool_id": block.tool_id, "params": block.params}})
-            )
+            assistant.append(render_action(call_tool_action(block.tool_id, block.params)))
             if block.code is not None:
-                assistant.append(f"<channel:code>{block.code}</channel:code>")
+                assistant.append(render(Channel.CODE, block.code))
         elif isinstance(block, FinalBlock):
-            assistant.append(_action_block({"action": "complete", "final_answer": block.text}))
+            assistant.append(render_action({"action": "complete", "final_answer": block.text}))
         elif isinstance(block, SummaryBlock):
-            assistant.append(f"<channel:summary>{block.text}</channel:summary>")
+            assistant.append(render(Channel.SUMMARY, block.text))
         else:
             flush_assistant()
             if isinstance(block, UserMessageBlock):

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +27,8 @@ from actors.profile import AgentProfile, Policies
 from actors.quotas import Quota, QuotaLimits, Scope, estimate_tokens
 from actors.store.base import RoundOutput
 from actors.tools.registry import ToolRegistry
-from actors.turn import Turn, TurnProgress
+from actors.turn import Turn
+from actors.turn_machine import TurnProgress
 from protocol.events import EventData, TurnCompleted
 from protocol.frames import Mode
 from protocol.timeline import Block
@@ -148,6 +149,10 @@ class Conversation:
     @property
     def profile_models(self) -> Sequence[str]:
         return self.profile.models
+
+    @property
+    def agent_states(self) -> Collection[str]:
+        return self.profile.states
 
     @property
     def catalog(self) -> Catalog:
@@ -330,11 +335,9 @@ class Conversation:
         self.state.model_calls += 1
         return index
 
-    def resolve_state(self, result: Mapping[str, Any]) -> None:
-        """After a transitions_state tool: its result names the new state (docs/design.md#states)."""
-        new = result.get("state")
-        if isinstance(new, str) and new in self.profile.states:
-            self.state.agent_state = new
+    def set_agent_state(self, state: str) -> None:
+        """After a transitions_state tool named one of the profile's states (docs/design.md#states)."""
+        self.state.agent_state = state
 
     def expect_answer(self, ask_id: str) -> asyncio.Future[str]:
         future: asyncio.Future[str] = asyncio.get_running_loop().create_future()

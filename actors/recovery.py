@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from actors.conversation import Conversation
-from actors.turn import Turn, TurnProgress
+from actors.turn import Turn
+from actors.turn_machine import TurnProgress
 from protocol.events import (
     AnswerDelta,
     Event,
@@ -75,7 +76,7 @@ def _recover_turn(conv: Conversation, current: TurnProgress, tail: Sequence[Even
     else:
         cut_round = current.round_no if current.streaming else current.round_no + 1
     if current.streaming and current.cut is None:
-        turn.round_no = cut_round - 1
+        turn.machine.progress.round_no = cut_round - 1
     in_cut = [d for d in mine if getattr(d, "round", None) == cut_round]
     if not in_cut or any(isinstance(d, RoundCompleted) for d in in_cut):
         conv.state.current = turn.progress()

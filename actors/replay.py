@@ -6,9 +6,9 @@ conversation — its durable events and the raw output of each round (`round_out
 turn by turn and round by round, what the recording did and what `governance` would have done with
 the same model text. No model is called and no tool runs. Each round's raw text goes in one piece
 into a fresh `RoundEngine` (the engine is delta-boundary invariant, docs/design.md#one-decoder),
-configured the way the turn configures it (`Turn._rules`): the round's mode and phase as recorded,
-the state, the retry, iteration and exploration counters, and finish legality as the replay itself
-reaches them. A call the other profile accepts observes what the recording observed for that call;
+configured by the same turn machine the live turn runs (`actors/turn_machine.py`): the round's
+mode and phase as recorded, the state, the retry, iteration and exploration counters, and finish
+legality as the machine reaches them from the replayed rounds. A call the other profile accepts observes what the recording observed for that call;
 a call it refuses observes nothing. `gateway/replay_command.py` reads the store and prints the report.
 
 The model's text is held fixed. Replay answers "what would these gates have done with what the
@@ -27,13 +27,12 @@ from typing import Final
 
 import msgspec
 
-from actors.catalog import ASK_USER_TOOL, Catalog, Trait
-from actors.gates import CONTINUE_EXPLORING, EXPLORATION_MARKER, RoundRules
+from actors.catalog import ASK_USER_TOOL, Catalog, Observation, ToolCall, Trait, spend_exploration
 from actors.profile import AgentProfile
-from actors.round import RoundEngine, RoundOutcome, RoundResult, ToolCallReady
+from actors.round import RoundEngine, RoundResult, ToolCallReady
 from actors.store.base import RoundOutput
 from actors.tools.registry import ToolRegistry
-from actors.turn import GIVE_UP_MESSAGES, round_rules
+from actors.turn_machine import BUDGET_REACHED, Budget, End, Execute, TurnMachine, TurnProgress
 from protocol.events import (
     EndReason,
     Event,
@@ -54,7 +53,6 @@ CUT_CODES: Final = frozenset({NoticeCode.PROVIDER_ERROR, NoticeCode.OUTPUT_TRUNC
 # Ends a profile does not decide — a user's cancel, a server fault, a turn still running: replay
 # keeps them as recorded when its own turn gets that far.
 EXTERNAL_ENDS: Final = frozenset({str(EndReason.CANCELLED), str(EndReason.ERROR), "running"})
-BUDGET_REACHED: Final = "EXPLORATION_BUDGET_REACHED"
 
 
 class RoundStatus(StrEnum):
@@ -260,22 +258,20 @@ def replay(
 
 
 class _TurnReplayer:
-    """One turn under the other profile: the counters `Turn` keeps, advanced by replayed rounds."""
+    """One turn under the other profile: the turn machine (`actors/turn_machine.py`) fed the
+    recorded rounds, as `Turn` feeds it live ones. No rule of the turn is written here."""
 
     def __init__(self, turn: _Turn, outputs: Mapping[tuple[str, int], RoundOutput], gov: Governance) -> None:
         self.turn = turn
         self.outputs = outputs
         self.gov = gov
-        self.policies = gov.profile.policies
+        self.machine = TurnMachine(TurnProgress(turn_id=turn.turn_id, message_id="", text=""),
+                                   gov.profile.policies, gov.profile.states)
         first = next((outputs[k] for k in sorted(k for k in outputs if k[0] == turn.turn_id)), None)
         # The state the turn began in is the recording's; within the turn, it follows the
         # transitions the replayed observations make (docs/design.md#states).
         self.state = first.agent_state if first is not None else (gov.profile.initial_state or "default")
-        self.observations = 0
-        self.retries = 0
         self.explored = 0                 # the tool pool's exploration counter, reset at turn start
-        self.confirmation_required = False
-        self.exploration_stopped = False
         self.end: TurnEnd | None = None
         self.notes: list[str] = []            # of the round being replayed
         self.observed: dict[str, str] = {}    # call id → what it observed, in the round being replayed
@@ -307,14 +303,17 @@ class _TurnReplayer:
                         {c.call_id: observation(results.get(c.call_id)) for c in recorded_round.calls})
         self.notes = []
         self.observed = {}
+        self.machine.progress.round_no = number - 1  # the recording's numbering: crash-cut rounds count too
         if self.end is not None:
             replayed = NOT_REACHED
         elif completed.interrupted:
             replayed = recorded
             # A crash cut it: the calls it announced got their error observation (docs/design.md#recovery).
-            self.observations += sum(1 for c in self.turn.results if c.startswith(f"{self.turn.turn_id}.{number}."))
-        elif number > self.policies.max_iterations:
-            self.end = _give_up(EndReason.ITERATION_LIMIT)
+            for call_id, result in results.items():
+                if call_id.startswith(f"{self.turn.turn_id}.{number}."):
+                    self.machine.observe(call_id, _observation(result), None)
+        elif isinstance(started := self.machine.start_round(), End):
+            self.end = _turn_end(started)
             replayed = NOT_REACHED
         else:
             replayed = self._run_round(number, completed)
@@ -322,112 +321,100 @@ class _TurnReplayer:
         differs = ("status",) if replayed is NOT_REACHED else _differs(recorded, replayed, COMPARED)
         return RoundReplay(round=number, recorded=recorded, replayed=replayed, differs=differs, notes=tuple(self.notes))
 
-    def _rules(self, output: RoundOutput) -> RoundRules:
-        """The round's rules as the turn builds them, under the other profile."""
-        return round_rules(
-            self.gov.catalog, self.policies, state=self.state, mode=Mode(output.mode),
-            observations=self.observations, finalize=output.phase == "finalize",
-            confirmation_required=self.confirmation_required, exploration_stopped=self.exploration_stopped,
-            validate_params=self.gov.validate_params,
-        )
-
     def _run_round(self, number: int, recorded: RoundCompleted) -> RoundView:
         turn_id = self.turn.turn_id
         output = self.outputs[turn_id, number]
-        engine = RoundEngine(self._rules(output), turn_id=turn_id, round_no=number)
+        # The round's mode and phase are the recording's: no event records a mode (a user's setting),
+        # and a steer during tool execution shows only in the next round's phase.
+        rules = self.machine.rules(self.gov.catalog, state=self.state, mode=Mode(output.mode),
+                                   finalize=output.phase == "finalize", validate_params=self.gov.validate_params)
+        engine = RoundEngine(rules, turn_id=turn_id, round_no=number)
         cut = next((n for n in reversed(recorded.notices) if n.code in CUT_CODES), None)
         streamed = engine.feed(output.raw) if output.raw else []
         tail, result = engine.finish(cut=cut, interrupted=recorded.steered)
         streamed += tail
         thinking = "".join(e.text for e in streamed if isinstance(e, ThinkingDelta))
         calls = [(e.call.tool_id, e.call.call_id) for e in streamed if isinstance(e, ToolCallReady)]
-        self._advance(result, steered=recorded.steered)
+        if recorded.steered:
+            self._steered(result)
+        else:
+            self._advance(result)
         return view(result.completed(turn_id, number, steered=recorded.steered), thinking, calls, self.observed)
 
-    def _advance(self, result: RoundResult, *, steered: bool) -> None:
-        """What the turn does with the round's verdict (`OUTCOME_MOVES`, `Turn._interrupted`)."""
-        if steered:  # the calls the steer cut were observed as `steered`; an answer shown is kept
-            for c in result.calls:
-                self.observations += 1
-                self.observed[c.call.call_id] = "error steered"
-            if result.streamed_state.answer_streamed:
-                self.end = self._finished(EndReason.SALVAGED, result.answer_text)
-            return
-        outcome = result.outcome
-        if outcome is RoundOutcome.FINISH:
-            self._execute(result)  # calls accepted beside the answer run before the turn ends
-            assert result.final is not None
-            self.end = self._finished(EndReason(result.final.type.value), result.final.final_answer)
-        elif outcome is RoundOutcome.SALVAGE:
-            self._execute(result)
-            self.end = self._finished(EndReason.SALVAGED, result.answer_text)
-        elif outcome is RoundOutcome.TOOLS:
-            self._execute(result)
-        else:
-            self.retries += 1
-            if self.retries > self.policies.max_protocol_retries:
-                self.end = _give_up(EndReason.PROTOCOL_VIOLATION)
+    def _steered(self, result: RoundResult) -> None:
+        cut = self.machine.round_steered(result)
+        for c in cut.calls:
+            self.machine.observe(c.call.call_id, Observation(c.call.call_id, c.call.tool_id, ok=False, error="steered"),
+                                 self.gov.catalog.get(c.call.tool_id))
+            self.observed[c.call.call_id] = "error steered"
+        if cut.then_end:
+            self.end = _turn_end(self.machine.end(result))
 
-    def _finished(self, reason: EndReason, answer: str) -> TurnEnd:
-        legal = self.observations > 0 or self.policies.finish_policy == "allow_no_tool"
-        return TurnEnd(reason=str(reason), final_answer=answer, finish_ok=legal)
+    def _advance(self, result: RoundResult) -> None:
+        plan = self.machine.round_ended(result)
+        if isinstance(plan, End):
+            self.end = _turn_end(plan)
+        elif isinstance(plan, Execute):
+            regular, asks = self.machine.executing(plan.calls)
+            for call in [*regular, *asks]:
+                self._observe(call)
+            if plan.then_end:
+                self.end = _turn_end(self.machine.end(result))
+            else:
+                self.machine.observed()
 
-    def _execute(self, result: RoundResult) -> None:
-        """Observe the round's calls as `Turn._execute` does: the batch in call order, then each
-        `react.ask_user`; every call gets exactly one observation."""
-        calls = [c.call for c in result.calls]
-        for call in [c for c in calls if c.tool_id != ASK_USER_TOOL] + [c for c in calls if c.tool_id == ASK_USER_TOOL]:
-            self._observe(call.call_id, call.tool_id, call.params)
-
-    def _observe(self, call_id: str, tool_id: str, params: Mapping[str, object]) -> None:
-        self.observations += 1
-        decl = self.gov.catalog.get(tool_id)
-        recorded = self.turn.results.get(call_id)
-        if recorded is not None and recorded.tool_id != tool_id:
+    def _observe(self, call: ToolCall) -> None:
+        """The call's observation is the recording's, through the tool pool's exploration count:
+        a call over the cap observes EXPLORATION_BUDGET_REACHED; a call the recording refused there
+        but that would run here has no known result."""
+        decl = self.gov.catalog.get(call.tool_id)
+        recorded = self.turn.results.get(call.call_id)
+        if recorded is not None and recorded.tool_id != call.tool_id:
             recorded = None
         if decl is not None and decl.trait is Trait.EXPLORATION:
-            # The tool pool's count (docs/design.md#exploration-budget): over the cap, no run and no count.
-            if self.explored >= self.policies.exploration_soft_cap:
-                recorded = ToolResult(turn_id=self.turn.turn_id, call_id=call_id, tool_id=tool_id, ok=False,
+            spent = spend_exploration(self.explored, self.machine.exploration_cap)
+            if spent is None:
+                recorded = ToolResult(turn_id=self.turn.turn_id, call_id=call.call_id, tool_id=call.tool_id, ok=False,
                                       duration_ms=0, error=BUDGET_REACHED)
             else:
-                self.explored += 1
+                self.explored = spent
                 if recorded is not None and recorded.error == BUDGET_REACHED:
                     recorded = None  # refused in the recording, would run here: its result is unknown
-        self.observed[call_id] = observation(recorded)
+        self.observed[call.call_id] = observation(recorded)
         if recorded is None:
+            self.machine.observe(call.call_id, None, decl)
             self.notes.append(
-                f"{tool_id} ({call_id}) has no recorded observation: it would run under this profile; "
+                f"{call.tool_id} ({call.call_id}) has no recorded observation: it would run under this profile; "
                 "replay goes on as if it answered, without a state change"
             )
             return
-        if recorded.error == BUDGET_REACHED:
-            self.confirmation_required = True
-        if tool_id == ASK_USER_TOOL:
-            self._budget_answer(str(params.get("question", "")), recorded)
-        if recorded.ok and decl is not None and decl.transitions_state:
-            new = (recorded.result or {}).get("state")
-            if isinstance(new, str) and new in self.gov.profile.states:
-                self.state = new
-
-    def _budget_answer(self, question: str, observed: ToolResult) -> None:
-        """`Turn._budget_answer`: continue resets the counter; anything else stops exploring."""
-        if EXPLORATION_MARKER not in question or not self.confirmation_required:
-            return
-        self.confirmation_required = False
-        answer = (observed.result or {}).get("answer") if observed.ok else None
-        if answer == CONTINUE_EXPLORING:
-            self.explored = 0
-        else:
-            self.exploration_stopped = True
+        obs = _observation(recorded)
+        if call.tool_id == ASK_USER_TOOL:
+            answer = (recorded.result or {}).get("answer") if recorded.ok else None
+            budget = self.machine.budget_answer(str(call.params.get("question", "")), answer)
+            if budget is Budget.RESET:
+                self.explored = 0
+        new_state = self.machine.observe(call.call_id, obs, decl)
+        if new_state is not None:
+            self.state = new_state
 
     def _after_last(self, last: int, recorded: TurnEnd) -> TurnEnd:
         """The turn is still going after the last recorded round: what would come next."""
-        if last >= self.policies.max_iterations:
-            return _give_up(EndReason.ITERATION_LIMIT)
+        self.machine.progress.round_no = last
+        started = self.machine.start_round()
+        if isinstance(started, End):
+            return _turn_end(started)
         if recorded.reason in EXTERNAL_ENDS:
             return recorded
         return TurnEnd(reason=EndStatus.UNDETERMINED)
+
+
+def _observation(result: ToolResult) -> Observation:
+    return Observation(result.call_id, result.tool_id, result.ok, result.result, result.error, result.detail or {})
+
+
+def _turn_end(end: End) -> TurnEnd:
+    return TurnEnd(reason=str(end.reason), final_answer=end.answer, finish_ok=end.finish_ok)
 
 
 def _interrupted(recorded: _Round) -> bool:
@@ -438,10 +425,6 @@ def _recorded_end(completed: TurnCompleted | None) -> TurnEnd:
     if completed is None:
         return TurnEnd(reason=EndStatus.RUNNING)
     return TurnEnd(reason=str(completed.reason), final_answer=completed.final_answer, finish_ok=completed.finish_ok)
-
-
-def _give_up(reason: EndReason) -> TurnEnd:
-    return TurnEnd(reason=str(reason), final_answer=GIVE_UP_MESSAGES[reason], finish_ok=False)
 
 
 def _differs(recorded: msgspec.Struct, replayed: msgspec.Struct, fields: Sequence[str]) -> tuple[str, ...]:

@@ -51,7 +51,7 @@ from protocol.events import (
     ThinkingDelta,
 )
 from protocol.notices import Notice, NoticeCode
-from protocol.prefix import OPENING, PrefixPolicy
+from protocol.prefix import PrefixPolicy
 
 # -- what a client may see, as the round streams -------------------------------------------------
 
@@ -66,10 +66,6 @@ class ToolCallReady:
 
 
 RoundEvent = ThinkingDelta | AnswerDelta | ToolCallReady
-
-# How many characters of a continuation are held back to tell a continuation from a restart.
-PROBE_CHARS = 24
-
 
 # -- the verdict -----------------------------------------------------------------------------------
 
@@ -112,45 +108,6 @@ class RoundResult:
             turn_id=turn_id, round=round_no, streamed_state=self.streamed_state, accepted=self.accepted,
             denied=self.denied, notices=self.notices, steered=steered,
         )
-
-
-class RestartCheck:
-    """Does a continuation continue? (docs/design.md#continuation)
-
-    A model asked to continue a cut response sometimes starts over instead. Fed into the round's
-    decoder, a restart would land inside the answer string and reach the user as answer text. The
-    continuation's first characters are held back until they show which it is: a restart opens a
-    new response (`<channel:thinking>`) or repeats the answer from its beginning.
-    """
-
-    __slots__ = ("_held", "_probe", "decided")
-
-    def __init__(self, answer_so_far: str) -> None:
-        self._probe = answer_so_far.lstrip()[:PROBE_CHARS]
-        self._held = ""
-        self.decided = False
-
-    def admit(self, delta: str) -> str | None:
-        """The text to feed now ("" while held); None: the continuation restarted."""
-        if self.decided:
-            return delta
-        self._held += delta
-        head = self._held.lstrip()
-        if len(head) < PROBE_CHARS and (OPENING.startswith(head) or self._probe.startswith(head)):
-            return ""  # still undecided
-        return self._decide(head)
-
-    def finish(self) -> str | None:
-        """End of the continuation's stream: release (or refuse) what is still held."""
-        return "" if self.decided else self._decide(self._held.lstrip())
-
-    def _decide(self, head: str) -> str | None:
-        self.decided = True
-        if head and (head.startswith(OPENING[: len(head)]) or (len(self._probe) >= PROBE_CHARS
-                                                            and head.startswith(self._probe))):
-            return None
-        held, self._held = self._held, ""
-        return held
 
 
 def interrupted_round(turn_id: str, round_no: int, notice: Notice) -> RoundCompleted:

@@ -54,6 +54,11 @@ class Finish:
 
 Action = CallTool | Finish
 
+
+def call_tool_action(tool_id: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """A call_tool action as JSON data: how a recorded call is written back to a model."""
+    return {"action": "call_tool", "tool_call": {"tool_id": tool_id, "params": params}}
+
 # The schema, as data: which keys each action may carry. A `final_answer` on call_tool is
 # tolerated and ignored — never shown, and the tool still runs.
 ALLOWED_KEYS: Final[Mapping[ActionType, frozenset[str]]] = {

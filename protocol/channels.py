@@ -13,9 +13,11 @@ parser's or a decoder's state (docs/design.md#one-decoder).
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Mapping
 from enum import StrEnum
-from typing import Final
+from typing import Any, Final
 
 import msgspec
 
@@ -27,6 +29,42 @@ class Channel(StrEnum):
     ACTION = "action"
     CODE = "code"
     SUMMARY = "summary"
+
+
+# -- the one spelling of the tags: the parser reads it, the prompt, the timeline and a rebuilt
+#    response write it (docs/design.md#decision-protocol) -------------------------------------------
+
+TAG_OPEN: Final = "<channel:"
+TAG_CLOSE: Final = "</channel:"
+
+
+def open_tag(channel: str) -> str:
+    return f"{TAG_OPEN}{channel}>"
+
+
+def close_tag(channel: str) -> str:
+    return f"{TAG_CLOSE}{channel}>"
+
+
+def render(channel: Channel, text: str) -> str:
+    """One whole block."""
+    return f"{TAG_OPEN}{channel}>{text}{TAG_CLOSE}{channel}>"
+
+
+def render_action(action: Mapping[str, Any]) -> str:
+    """One action block holding `action` as bare JSON."""
+    return render(Channel.ACTION, json.dumps(action, ensure_ascii=False))
+
+
+def render_open_answer(answer_so_far: str) -> str:
+    """A complete action left open right after the last answer character the user saw: how a
+    response cut mid-answer is rebuilt to be continued (docs/design.md#continuation)."""
+    return open_tag(Channel.ACTION) + '{"action": "complete", "final_answer": "' + json_escape(answer_so_far)
+
+
+def json_escape(text: str) -> str:
+    """`text` as it appears inside a JSON string (the answer as the model wrote it)."""
+    return json.dumps(text, ensure_ascii=False)[1:-1]
 
 
 class BlockOpened(msgspec.Struct, frozen=True):
@@ -84,17 +122,16 @@ ParserEvent = (
     BlockOpened | BlockText | BlockClosed | ActionTyped | AnswerText | ActionFailed | ActionClosed | ChannelViolation
 )
 
-_OPEN_TAG = re.compile(r"<channel:([a-z_]{1,32})>")
-_TAG_PREFIX_MAX: Final = len("</channel:") + 32 + 1
-_OPEN_TAG_START = re.compile(r"<(c(h(a(n(n(e(l(:[a-z_]*)?)?)?)?)?)?)?)?")  # what a cut opening tag can be
+_OPEN_TAG = re.compile(re.escape(TAG_OPEN) + r"([a-z_]{1,32})>")
+_TAG_PREFIX_MAX: Final = len(TAG_CLOSE) + 32 + 1
+# What a cut opening tag can be: "<", "<c", … "<channel:", then a partial name.
+_OPEN_TAG_START = re.compile(
+    "".join(f"{re.escape(ch)}(?:" for ch in TAG_OPEN) + "[a-z_]*" + ")?" * len(TAG_OPEN)
+)
 _WS = re.compile(r"[ \t\n\r]*")
 _TEXT_CHANNELS: Final = {c.value: c for c in (Channel.THINKING, Channel.CODE, Channel.SUMMARY)}
 _CHANNELS: Final = {c.value: c for c in Channel}  # by tag name; a dict lookup, not Channel(name), per delta
 _ACTION_BLOCK: Final = Channel.ACTION.value  # read per delta: a plain str, not an Enum member lookup
-
-
-def _close_tag(channel: str) -> str:
-    return f"</channel:{channel}>"
 
 
 class ChannelParser:
@@ -147,7 +184,7 @@ class ChannelParser:
                 self._text(held, events)
         if self._block is not None:
             name = self._block.removeprefix("ignored:")  # the model wrote the bare name
-            events.append(ChannelViolation(f"block <channel:{name}> was not closed"))
+            events.append(ChannelViolation(f"block {open_tag(name)} was not closed"))
             if decoder is not None:
                 self._close_action(decoder, events, cut=True)
             self._block = None
@@ -176,12 +213,12 @@ class ChannelParser:
         return m.end()
 
     def _open(self, name: str, events: list[ParserEvent]) -> None:
-        self._block, self._close = name, _close_tag(name)
+        self._block, self._close = name, close_tag(name)
         count = self._seen.get(name, 0)
         self._seen[name] = count + 1
         channel = _CHANNELS.get(name)
         if channel is None:
-            events.append(ChannelViolation(f"unknown channel <channel:{name}>"))
+            events.append(ChannelViolation(f"unknown channel {open_tag(name)}"))
             return
         problem = self._order_problem(channel, count)
         if problem:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Final
 
-OPENING: Final = "<channel:thinking>"
+from protocol.channels import Channel, open_tag
+
+OPENING: Final = open_tag(Channel.THINKING)
 PREVIEW_CHARS: Final = 200
 
 

@@ -17,7 +17,7 @@ import msgspec
 import pytest
 
 from actors.round import interrupted_round
-from actors.turn import ROUND_INTERRUPTED
+from actors.turn_machine import ROUND_INTERRUPTED
 from protocol.events import EVENT_KINDS, Event, decode_data, encode_data
 from protocol.frames import decode_server_frame, encode_event
 from tests.convkit import (

@@ -31,7 +31,7 @@ from actors.tools.demo import demo_registry, demo_tools, fixed_clock
 from actors.tools.durable import DurableTools
 from actors.tools.executor import LocalToolExecutor
 from actors.tools.registry import ToolRegistry
-from actors.turn import GIVE_UP_MESSAGES
+from actors.turn_machine import GIVE_UP_MESSAGES
 from gateway import replay_command
 from gateway.cli import parser as cli_parser
 from protocol.events import EndReason, Event, encode_data

@@ -33,7 +33,7 @@ from websockets.asyncio.client import connect
 from actors import tracing
 from actors.conversation import ConversationState, QueuedMessage
 from actors.tracing import SPANS, SpanName, TurnTrace
-from actors.turn import TurnProgress
+from actors.turn_machine import TurnProgress
 from gateway.app import otlp_endpoint
 from gateway.settings import Settings
 from tests.e2e import RayHosting, local_server, ray_hosting, ray_server, weather_then_answer

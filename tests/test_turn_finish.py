@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from actors.llm.stream import ModelDelta, ModelFinished
-from actors.turn import GIVE_UP_MESSAGES
+from actors.turn_machine import GIVE_UP_MESSAGES
 from protocol.notices import NoticeCode
 from tests.convkit import (
     action,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from actors.turn import CONTINUE_PROMPT, CUT_PROMPT
+from actors.continuation import CONTINUE_PROMPT, CUT_PROMPT
 from protocol.notices import NoticeCode
 from tests.convkit import (
     action,

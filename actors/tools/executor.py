@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from actors.catalog import Catalog, Observation, ToolCall, ToolDecl, Trait
+from actors.catalog import Catalog, Observation, ToolCall, ToolDecl, Trait, spend_exploration
 from actors.gates import traits_compatible
 from actors.tools.registry import Clock, ToolContext, ToolRegistry, utc_now
 
@@ -100,10 +100,10 @@ class LocalToolExecutor:
                 )
         if decl.trait is Trait.EXPLORATION:
             # docs/design.md#exploration-budget: a call over the cap is not executed and does not count.
-            used = self._exploration.get(conversation_id, 0)
-            if used >= exploration_cap:
+            spent = spend_exploration(self._exploration.get(conversation_id, 0), exploration_cap)
+            if spent is None:
                 return _refuse(call, "EXPLORATION_BUDGET_REACHED", cap=exploration_cap)
-            self._exploration[conversation_id] = used + 1
+            self._exploration[conversation_id] = spent
         accepted.append(decl)
         return params
 

@@ -1,0 +1,82 @@
+"""Asking a model to go on with a cut response (docs/design.md#continuation).
+
+The turn machine decides *whether* a round is continued (`actors/turn_machine.py`, `CONTINUATION`);
+this module is *how*: the messages that ask for it, the response rebuilt after a crash, and the
+check that a continuation really continues. Whatever the cut, the continuation's deltas go into
+the same round engine, so gates and emitted characters behave as if the stream had never broken.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+from protocol.actions import call_tool_action
+from protocol.channels import Channel, render, render_action, render_open_answer
+from protocol.events import ToolCalled
+from protocol.prefix import OPENING
+
+CONTINUE_PROMPT: Final = (
+    "[continue] Your previous response was cut at the length limit. Continue exactly where it stopped, "
+    "without repeating anything."
+)
+CUT_PROMPT: Final = (
+    "[continue] Your previous response was cut off by a connection failure, not by you. Continue exactly "
+    "where it stopped, from the next character, without repeating anything and without starting over."
+)
+
+# How many characters of a continuation are held back to tell a continuation from a restart.
+PROBE_CHARS: Final = 24
+
+
+def continue_messages(base: list[dict[str, Any]], raw: str, prompt: str) -> list[dict[str, Any]]:
+    """The messages that ask for a continuation: the decision's context, the text so far, the ask."""
+    return [*base, {"role": "assistant", "content": raw}, {"role": "user", "content": prompt}]
+
+
+def rebuilt_response(thinking: str, announced: Sequence[ToolCalled], answer: str) -> str:
+    """A round a crash cut mid-answer, as the durable events tell it: the thinking, the calls
+    announced, and an answer action open right after the last character the user saw."""
+    parts = [render(Channel.THINKING, thinking)]
+    parts += [render_action(call_tool_action(call.tool_id, call.params)) for call in announced]
+    parts.append(render_open_answer(answer))
+    return "".join(parts)
+
+
+class RestartCheck:
+    """Does a continuation continue?
+
+    A model asked to continue a cut response sometimes starts over instead. Fed into the round's
+    decoder, a restart would land inside the answer string and reach the user as answer text. The
+    continuation's first characters are held back until they show which it is: a restart opens a
+    new response (`<channel:thinking>`) or repeats the answer from its beginning.
+    """
+
+    __slots__ = ("_held", "_probe", "decided")
+
+    def __init__(self, answer_so_far: str) -> None:
+        self._probe = answer_so_far.lstrip()[:PROBE_CHARS]
+        self._held = ""
+        self.decided = False
+
+    def admit(self, delta: str) -> str | None:
+        """The text to feed now ("" while held); None: the continuation restarted."""
+        if self.decided:
+            return delta
+        self._held += delta
+        head = self._held.lstrip()
+        if len(head) < PROBE_CHARS and (OPENING.startswith(head) or self._probe.startswith(head)):
+            return ""  # still undecided
+        return self._decide(head)
+
+    def finish(self) -> str | None:
+        """End of the continuation's stream: release (or refuse) what is still held."""
+        return "" if self.decided else self._decide(self._held.lstrip())
+
+    def _decide(self, head: str) -> str | None:
+        self.decided = True
+        if head and (head.startswith(OPENING[: len(head)]) or (len(self._probe) >= PROBE_CHARS
+                                                            and head.startswith(self._probe))):
+            return None
+        held, self._held = self._held, ""
+        return held
