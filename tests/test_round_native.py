@@ -3,6 +3,7 @@ native decoder into the same round engine, gates and rules as the channel protoc
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -242,7 +243,7 @@ def chunked(parts: list[tuple[str, Any]], cuts: st.DataObject) -> list[ModelOutp
 def _split(s: str, cuts: st.DataObject) -> list[str]:
     points = sorted(cuts.draw(st.sets(st.integers(1, max(1, len(s) - 1)), max_size=4))) if len(s) > 1 else []
     bounds = [0, *points, len(s)]
-    return [s[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    return [s[a:b] for a, b in itertools.pairwise(bounds)]
 
 
 @PROPERTY
