@@ -7,7 +7,7 @@ not counted (OpenAI-compatible: `reactgate mock-llm --script F --port 0`; Anthro
 script's `--serve-anthropic` mode, playing the test transcript format of tests/fixtures/anthropic_sse.py).
 Clients, each a whole call consumed as `stream_model` consumes it:
 
-- litellm:       `litellm.acompletion(stream=True)` in its lean configuration (`stream.LEAN_SETTINGS`),
+- litellm:       `litellm.acompletion(stream=True)` in its lean configuration (`lite.LEAN_SETTINGS`),
                  stopped at the finish chunk and closed;
 - fast:          `actors.llm.fast.fast_stream` (aiohttp, hand-framed SSE, msgspec structs);
 - floor aiohttp: a bare reader on the same transport: aiohttp `readany`, split at blank lines,
@@ -222,7 +222,7 @@ async def fast(t: Target, round_: int, _: Any) -> int:
 
 
 async def litellm_wrapper(t: Target, round_: int, _: Any) -> int:
-    from actors.llm.stream import litellm_module
+    from actors.llm.lite import litellm_module
 
     n = 0
     stream = await litellm_module().acompletion(
@@ -272,7 +272,7 @@ def verdict(ok: bool) -> str:
 
 
 async def run(args: argparse.Namespace, bases: dict[str, str]) -> int:
-    from actors.llm.stream import LEAN_SETTINGS, litellm_module
+    from actors.llm.lite import LEAN_SETTINGS, litellm_module
 
     litellm_module()
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))

@@ -21,29 +21,25 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from actors.llm.errors import ProviderError
+from actors.llm.errors import STATUS_KINDS, ErrorKind, ProviderError, Usage, classify, error_kind
 from actors.llm.fast import (
     FAST_SETTINGS,
-    PROVIDER_WIRES,
-    STATUS_KINDS,
     STREAM_READER,
     AnthropicMessagesReader,
     FastDelta,
     FastFinish,
     OpenAIChatReader,
     SSEReader,
-    Usage,
-    Wire,
     aclose_sessions,
     build_request,
-    classify,
     fast_path_supports,
     fast_stream,
     without_reader_setting,
 )
+from actors.llm.lite import litellm_module
 from actors.llm.mock_server import STATS, start_mock_server
-from actors.llm.scripts import CALL_INDEX_HEADER, CONVERSATION_HEADER, ErrorKind, Round, Script
-from actors.llm.stream import error_kind, litellm_module
+from actors.llm.scripts import CALL_INDEX_HEADER, CONVERSATION_HEADER, Round, Script
+from actors.llm.wires import PROVIDER_WIRES, Wire
 from tests.fixtures.anthropic_sse import (
     RECORDED,
     RECORDED_TEXT,

@@ -16,16 +16,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from actors.llm.errors import Usage
-from actors.llm.scripts import ErrorKind, Round, RoundUsage, Script, open_playbacks, register_script
+from actors.llm.errors import ErrorKind, Usage
+from actors.llm.lite import LEAN_SETTINGS, litellm_module
+from actors.llm.scripts import Round, RoundUsage, Script, open_playbacks, register_script
 from actors.llm.stream import (
-    LEAN_SETTINGS,
     ModelDelta,
     ModelFallback,
     ModelFinished,
     ProviderError,
     StreamItem,
-    litellm_module,
     plays_directly,
     stream_model,
 )

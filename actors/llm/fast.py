@@ -12,7 +12,7 @@ struct, for two wire formats — OpenAI-compatible chat completions and Anthropi
 
 `fast_stream` is one attempt of `stream_model` (docs/design.md#fallback): `FastDelta`s, then one
 `FastFinish` (finish reason, usage when the provider reports it), or a `ProviderError` carrying
-the same kinds LiteLLM's exception mapping gives (`STATUS_KINDS`, `_TEXT_RULES`). Fallback,
+the same kinds LiteLLM's exception mapping gives (`errors.classify`). Fallback,
 call counting and salvage stay with `stream_model`. `fast_path_supports` says which calls may take
 this path; a model's settings opt out with `stream_reader = "litellm"` (`STREAM_READER`).
 
@@ -24,20 +24,19 @@ from __future__ import annotations
 import asyncio
 import atexit
 import copy
-import re
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from functools import lru_cache
-from types import ModuleType
 from typing import Any, Final
 
 import aiohttp
 import msgspec
 
-from actors.llm.errors import ProviderError, Usage
+from actors.llm.errors import ErrorDetail, Fault, ProviderError, Usage, answer_fault, stream_fault, unreadable
 from actors.llm.keys import MissingKey, call_kwargs, scrub
-from actors.llm.scripts import ERROR_TABLE, PROVIDER, SCRIPT_EXHAUSTED
+from actors.llm.lite import litellm_module, litellm_part
+from actors.llm.scripts import PROVIDER
+from actors.llm.wires import PROVIDER_WIRES, Wire
 
 # -- what the path yields ------------------------------------------------------------------------
 
@@ -62,29 +61,6 @@ FastItem = FastDelta | FastFinish
 
 # -- which calls take the path -------------------------------------------------------------------
 
-
-class Wire(StrEnum):
-    OPENAI_CHAT = "openai_chat"                  # POST …/chat/completions, `data: {chunk}` … `data: [DONE]`
-    ANTHROPIC_MESSAGES = "anthropic_messages"    # POST …/v1/messages, `event: <type>` + `data: {…}`
-
-
-# Providers whose LiteLLM chat config streams plain chat-completions SSE (an `OpenAIGPTConfig`
-# subclass that keeps its `OpenAIChatCompletionStreamingHandler`) or Anthropic Messages SSE.
-# Left to LiteLLM, on purpose: groq, openrouter, mistral, fireworks_ai, xai (each has its own stream
-# iterator); azure (deployment URLs, api-version, AD tokens; not an OpenAIGPTConfig); ollama_chat
-# (NDJSON, not SSE); perplexity (citations post-processed from the stream); every other provider.
-PROVIDER_WIRES: Final[Mapping[str, Wire]] = {
-    "openai": Wire.OPENAI_CHAT,
-    "hosted_vllm": Wire.OPENAI_CHAT,
-    "together_ai": Wire.OPENAI_CHAT,
-    "deepseek": Wire.OPENAI_CHAT,
-    "litellm_proxy": Wire.OPENAI_CHAT,
-    "lm_studio": Wire.OPENAI_CHAT,
-    "deepinfra": Wire.OPENAI_CHAT,
-    "cerebras": Wire.OPENAI_CHAT,
-    "nvidia_nim": Wire.OPENAI_CHAT,
-    "anthropic": Wire.ANTHROPIC_MESSAGES,
-}
 
 # A model setting of ours, never sent to a provider: "fast" (the default) or "litellm" (this model's
 # calls go through LiteLLM's own stream wrapper — for a provider whose stream we misread, or to
@@ -130,77 +106,6 @@ def fast_path_supports(model: str, settings: Mapping[str, Any] | None = None, *,
     return route(model, base if isinstance(base, str) else None) is not None
 
 
-# -- errors → kinds ------------------------------------------------------------------------------
-#
-# The kinds LiteLLM 1.110's exception mapping gives for the same answers (checked against the wrapper
-# by tests/test_llm_fast.py), so a profile's fallbacks and notices read the same on both paths. A
-# status first meets the text rules (LiteLLM classifies by the error text before the status), then
-# the status tables; a mid-stream error has no status on the OpenAI wire (the SDK raises a bare
-# APIError: anything unmatched is `connection`, MID_STREAM_MESSAGES in mock_server.py relies on it)
-# and 500 on the Anthropic wire (LiteLLM's AnthropicError for an `error` event).
-
-_BASE_STATUS: Final = {status: kind.value for kind, (status, _) in ERROR_TABLE.items()}
-STATUS_KINDS: Final[Mapping[Wire, Mapping[int, str]]] = {
-    Wire.OPENAI_CHAT: {**_BASE_STATUS, 422: "bad_request", 502: "server_error", 504: "timeout"},
-    Wire.ANTHROPIC_MESSAGES: {**_BASE_STATUS, 403: "auth", 413: "bad_request", 502: "server_error",
-                              504: "timeout", 529: "server_error"},
-}
-# Statuses neither table names: LiteLLM's OpenAI mapping raises a plain APIError (→ server_error)
-# for any of them, its Anthropic mapping a BadRequestError for a 4xx.
-OTHER_STATUS_KIND: Final[Mapping[Wire, Callable[[int], str]]] = {
-    Wire.OPENAI_CHAT: lambda status: "server_error",
-    Wire.ANTHROPIC_MESSAGES: lambda status: "bad_request" if 400 <= status < 500 else "server_error",
-}
-
-_TIMEOUT_TEXTS: Final = ("Request Timeout Error", "Request timed out", "Timed out generating response",
-                         "The read operation timed out")
-_OPENAI, _ANTHROPIC = frozenset({Wire.OPENAI_CHAT}), frozenset({Wire.ANTHROPIC_MESSAGES})
-_BOTH: Final = _OPENAI | _ANTHROPIC
-
-
-def _checkers() -> Any:
-    from litellm.litellm_core_utils.exception_mapping_utils import ExceptionCheckers
-
-    return ExceptionCheckers
-
-
-def _invalid_request(status: int | None) -> str:
-    return {401: "auth", 404: "not_found"}.get(status or 0, "bad_request")
-
-
-# (wires, test on (text, status), kind or kind-from-status), in LiteLLM's order; the first match wins.
-_TEXT_RULES: Final[Sequence[tuple[frozenset[Wire], Callable[[str, int | None], bool], Callable[[int | None], str]]]] = (
-    (_BOTH, lambda t, s: SCRIPT_EXHAUSTED in t, lambda s: SCRIPT_EXHAUSTED),       # stream.error_kind's first rule
-    (_BOTH, lambda t, s: any(x in t for x in _TIMEOUT_TEXTS), lambda s: "timeout"),
-    (_OPENAI, lambda t, s: _checkers().is_error_str_rate_limit(t, status_code=s), lambda s: "rate_limit"),
-    (_OPENAI, lambda t, s: _checkers().is_error_str_context_window_exceeded(t), lambda s: "context_window_exceeded"),
-    (_OPENAI, lambda t, s: "invalid_request_error" in t and "model_not_found" in t, lambda s: "not_found"),
-    (_OPENAI, lambda t, s: "A timeout occurred" in t, lambda s: "timeout"),
-    (_OPENAI, lambda t, s: ("invalid_request_error" in t and "content_policy_violation" in t)
-     or "request was rejected as a result of the safety system" in t.lower(), lambda s: "content_policy"),
-    (_OPENAI, lambda t, s: "invalid_request_error" in t and "Incorrect API key provided" not in t, _invalid_request),
-    (_OPENAI, lambda t, s: "The server had an error processing your request." in t
-     or "Web server is returning an unknown error" in t, lambda s: "server_error"),
-    (_OPENAI, lambda t, s: "Request too large" in t, lambda s: "rate_limit"),
-    (_ANTHROPIC, lambda t, s: "prompt is too long" in t or "prompt: length" in t
-     or _checkers().is_error_str_context_window_exceeded(t), lambda s: "context_window_exceeded"),
-    (_ANTHROPIC, lambda t, s: "overloaded_error" in t or "Overloaded" in t, lambda s: "server_error"),
-    (_ANTHROPIC, lambda t, s: "Invalid API Key" in t, lambda s: "auth"),
-    (_ANTHROPIC, lambda t, s: "content filtering policy" in t, lambda s: "content_policy"),
-)
-
-
-def classify(wire: Wire, status: int | None, text: str) -> str:
-    """The provider-error kind of an error answer: its text (body or event message), its status
-    (None for an error inside a 200 stream)."""
-    for wires, matches, kind in _TEXT_RULES:
-        if wire in wires and matches(text, status):
-            return kind(status)
-    if status is None:
-        return "connection"
-    return STATUS_KINDS[wire].get(status) or OTHER_STATUS_KIND[wire](status)
-
-
 class _Failure(Exception):
     """Raised inside the readers; `fast_stream` turns it into a `ProviderError` for the model."""
 
@@ -209,17 +114,15 @@ class _Failure(Exception):
         self.kind = kind
         self.message = message
 
+    @classmethod
+    def of(cls, fault: Fault) -> _Failure:
+        return cls(fault.kind, fault.message)
+
 
 # -- the wire, sans I/O --------------------------------------------------------------------------
 #
 # Bytes in, text deltas out; finish, usage and the end of the stream kept as attributes. No socket,
 # no event loop: the tests feed them byte strings cut anywhere.
-
-
-class _ErrorDetail(msgspec.Struct, gc=False):
-    message: str | None = None
-    type: str | None = None
-    code: str | int | None = None
 
 
 class _OpenAIDelta(msgspec.Struct, gc=False):
@@ -240,7 +143,7 @@ class _OpenAIUsage(msgspec.Struct, gc=False):
 class _OpenAIChunk(msgspec.Struct, gc=False):
     choices: list[_OpenAIChoice] | None = None
     usage: _OpenAIUsage | None = None
-    error: _ErrorDetail | str | None = None
+    error: ErrorDetail | str | None = None
 
 
 class _AnthropicUsage(msgspec.Struct, gc=False):
@@ -277,17 +180,11 @@ class _MessageDelta(msgspec.Struct, gc=False):
 
 
 class _AnthropicError(msgspec.Struct, gc=False):
-    error: _ErrorDetail | None = None
+    error: ErrorDetail | None = None
 
 
 class _Typed(msgspec.Struct, gc=False):
     type: str = ""
-
-
-class _ErrorBody(msgspec.Struct, gc=False):
-    """An error answer's body, either wire: `{"error": {"message": …}}` or `{"error": "…"}`."""
-
-    error: _ErrorDetail | str | None = None
 
 
 MAX_EVENT_BYTES: Final = 8 << 20    # a provider that never ends an event does not grow us forever
@@ -355,10 +252,6 @@ class SSEReader:
         raise NotImplementedError
 
 
-def _unreadable(exc: Exception) -> _Failure:
-    return _Failure("connection", f"unreadable stream event: {exc}")
-
-
 _openai_chunk = msgspec.json.Decoder(_OpenAIChunk)
 _decode_openai_chunk = _openai_chunk.decode
 
@@ -391,13 +284,13 @@ class OpenAIChatReader(SSEReader):
         try:
             chunk = _openai_chunk.decode(data)
         except msgspec.DecodeError as exc:
-            raise _unreadable(exc) from None
+            raise _Failure.of(unreadable(exc)) from None
         self._chunk(chunk, out)
 
     def _chunk(self, chunk: _OpenAIChunk, out: list[str]) -> None:
         self.events += 1
         if chunk.error:
-            raise _stream_error(Wire.OPENAI_CHAT, chunk.error, None)
+            raise _Failure.of(stream_fault(Wire.OPENAI_CHAT, chunk.error, None))
         if chunk.choices:
             choice = chunk.choices[0]
             delta = choice.delta
@@ -463,7 +356,7 @@ class AnthropicMessagesReader(SSEReader):
                 return
             event = decoder.decode(data)
         except msgspec.DecodeError as exc:
-            raise _unreadable(exc) from None
+            raise _Failure.of(unreadable(exc)) from None
         if type(event) is _ContentBlockDelta:
             if event.delta is not None and event.delta.type == "text_delta" and event.delta.text:
                 out.append(event.delta.text)
@@ -474,7 +367,7 @@ class AnthropicMessagesReader(SSEReader):
         elif type(event) is _MessageStart:
             self._count(event.message.usage if event.message is not None else None)
         elif type(event) is _AnthropicError:
-            raise _stream_error(Wire.ANTHROPIC_MESSAGES, event.error, 500)
+            raise _Failure.of(stream_fault(Wire.ANTHROPIC_MESSAGES, event.error, 500))
 
     def _count(self, usage: _AnthropicUsage | None) -> None:
         """Usage is cumulative and message_delta may omit what message_start reported; prompt tokens
@@ -490,17 +383,6 @@ class AnthropicMessagesReader(SSEReader):
         self.usage = Usage(prompt, u.get("output_tokens", 0))
 
 
-def _stream_error(wire: Wire, error: _ErrorDetail | str | None, status: int | None) -> _Failure:
-    if isinstance(error, _ErrorDetail):
-        message = error.message or "An error occurred during streaming"
-        # The OpenAI-compatible servers LiteLLM's own handler reads (vLLM, sglang) put the status in `code`.
-        if status is None and isinstance(error.code, int) and 400 <= error.code < 600:
-            status = error.code
-    else:
-        message = error or "An error occurred during streaming"
-    return _Failure(classify(wire, status, message), message)
-
-
 READERS_BY_WIRE: Final[Mapping[Wire, Callable[[], SSEReader]]] = {
     Wire.OPENAI_CHAT: OpenAIChatReader,
     Wire.ANTHROPIC_MESSAGES: AnthropicMessagesReader,
@@ -509,26 +391,12 @@ READERS_BY_WIRE: Final[Mapping[Wire, Callable[[], SSEReader]]] = {
 
 # -- the request, built by LiteLLM ---------------------------------------------------------------
 
-_litellm: ModuleType | None = None
-
-
-def _lite() -> ModuleType:
-    """LiteLLM, imported on first use (`stream.litellm_module()` has normally configured it already)."""
-    global _litellm
-    if _litellm is None:
-        import litellm
-
-        _litellm = litellm
-    return _litellm
-
-
 @lru_cache(maxsize=512)
 def route(model: str, api_base: str | None) -> Route | None:
     """How LiteLLM resolves `model` (None: not a call this path makes). Cached: resolution reads
     LiteLLM's model tables, not the key."""
-    litellm = _lite()
-    from litellm.responses.bridge_check import responses_api_bridge_check
-
+    litellm = litellm_module()
+    responses_api_bridge_check = litellm_part("responses.bridge_check").responses_api_bridge_check
     try:
         name, provider, _key, base = litellm.get_llm_provider(model, api_base=api_base)
     except Exception:
@@ -548,9 +416,8 @@ def route(model: str, api_base: str | None) -> Route | None:
 
 
 def _config(name: str, provider: str) -> Any:
-    from litellm.utils import ProviderConfigManager
-
-    return ProviderConfigManager.get_provider_chat_config(model=name, provider=_lite().LlmProviders(provider))
+    providers = litellm_module().LlmProviders
+    return litellm_part("utils").ProviderConfigManager.get_provider_chat_config(model=name, provider=providers(provider))
 
 
 @dataclass(frozen=True, slots=True)
@@ -599,9 +466,8 @@ def build_request(
     found = route(model, base)
     if found is None:
         raise ValueError(f"{model!r} is not a call the fast path makes: check fast_path_supports first")
-    litellm = _lite()
-    from litellm.litellm_core_utils.get_litellm_params import get_litellm_params
-
+    litellm = litellm_module()
+    get_litellm_params = litellm_part("litellm_core_utils.get_litellm_params").get_litellm_params
     config = _config(found.model, found.provider)
     if key is None:
         key = litellm.get_llm_provider(model, api_base=base)[2]
@@ -624,15 +490,11 @@ def build_request(
         body = config.transform_request(model=found.model, messages=msgs, optional_params=optional,
                                         litellm_params=params, headers=out_headers)
         if found.wire is Wire.ANTHROPIC_MESSAGES:
-            from litellm.anthropic_beta_gated_fields import strip_beta_gated_request_body
-            from litellm.anthropic_beta_headers_manager import update_request_with_filtered_beta
-            from litellm.litellm_core_utils.url_utils import ensure_api_route
-
-            url = ensure_api_route(url, "v1/messages")     # what LiteLLM's anthropic dispatch does to the base
-            out_headers, body = update_request_with_filtered_beta(headers=out_headers, request_data=body,
-                                                                  provider=found.provider, api_base=found.api_base)
-            body = dict(strip_beta_gated_request_body(body, out_headers, drop_params=None, model=found.model,
-                                                      provider=found.provider))
+            url = litellm_part("litellm_core_utils.url_utils").ensure_api_route(url, "v1/messages")   # as LiteLLM's dispatch
+            out_headers, body = litellm_part("anthropic_beta_headers_manager").update_request_with_filtered_beta(
+                headers=out_headers, request_data=body, provider=found.provider, api_base=found.api_base)
+            body = dict(litellm_part("anthropic_beta_gated_fields").strip_beta_gated_request_body(
+                body, out_headers, drop_params=None, model=found.model, provider=found.provider))
         if extra_body:
             body = {**body, **config.transform_extra_body(extra_body=extra_body, request=body, model=found.model,
                                                           litellm_params=params)}
@@ -649,13 +511,12 @@ def _optional_params(found: Route, include_usage: bool, settings: bytes) -> dict
     """LiteLLM's mapping of the settings to the provider's parameters (its supported-parameter checks,
     `map_openai_params`, unknown ones to `extra_body`): a function of the settings alone, so it runs
     once per model and settings, not once per call (it reads model tables: ~0.3 ms). Copy before use."""
-    from litellm.utils import get_optional_params
-
     own = dict(msgspec.json.decode(settings))
     if include_usage and found.wire is Wire.OPENAI_CHAT and "stream_options" in (
             _config(found.model, found.provider).get_supported_openai_params(found.model) or ()):
         own["stream_options"] = {"include_usage": True}
-    return dict(get_optional_params(model=found.model, custom_llm_provider=found.provider, stream=True, **own))
+    return dict(litellm_part("utils").get_optional_params(model=found.model, custom_llm_provider=found.provider,
+                                                          stream=True, **own))
 
 
 # -- the transport -------------------------------------------------------------------------------
@@ -886,8 +747,7 @@ async def _drain(content: aiohttp.StreamReader) -> bool:
 
 
 def _finish(wire: Wire, reader: SSEReader) -> FastFinish:
-    from litellm.litellm_core_utils.core_helpers import map_finish_reason
-
+    map_finish_reason = litellm_part("litellm_core_utils.core_helpers").map_finish_reason
     if reader.finish_reason is None:
         # A stream that ends without a finish reason was cut (LiteLLM: "Stream ended before a
         # finish_reason was received", an APIConnectionError); an Anthropic message_stop without a
@@ -898,28 +758,15 @@ def _finish(wire: Wire, reader: SSEReader) -> FastFinish:
     return FastFinish(map_finish_reason(reader.finish_reason), reader.usage)
 
 
-_ERROR_BODY = msgspec.json.Decoder(_ErrorBody)
-_WHITESPACE = re.compile(r"\s+")
-
-
 async def _status_failure(wire: Wire, response: aiohttp.ClientResponse) -> _Failure:
     """An error status: its kind from the body's text and the status; its message from the body."""
     body = await response.content.read(64 << 10)
-    text = body.decode("utf-8", errors="replace")
-    try:
-        error = _ERROR_BODY.decode(body).error
-    except msgspec.DecodeError:
-        error = None
-    message = error.message if isinstance(error, _ErrorDetail) else error
-    message = _WHITESPACE.sub(" ", message or text or response.reason or "").strip()[:500]
-    return _Failure(classify(wire, response.status, text), f"{message} (HTTP {response.status})")
+    return _Failure.of(answer_fault(wire, response.status, response.reason, body))
 
 
 __all__ = [
     "FAST_SETTINGS",
-    "PROVIDER_WIRES",
     "READERS",
-    "STATUS_KINDS",
     "STREAM_READER",
     "AnthropicMessagesReader",
     "FastDelta",
@@ -927,12 +774,8 @@ __all__ = [
     "FastItem",
     "FastRequest",
     "OpenAIChatReader",
-    "ProviderError",
-    "Usage",
-    "Wire",
     "aclose_sessions",
     "build_request",
-    "classify",
     "fast_path_supports",
     "fast_stream",
     "route",

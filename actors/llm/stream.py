@@ -22,14 +22,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import re
-import sys
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
 
-from actors.llm.errors import ProviderError, Usage
+from actors.llm.errors import SILENCE, ProviderError, Usage, error_kind, error_message
 from actors.llm.fast import (
     DEFAULT_TIMEOUT_S,
     STREAM_READER,
@@ -41,13 +38,11 @@ from actors.llm.fast import (
     without_reader_setting,
 )
 from actors.llm.keys import MissingKey, call_kwargs, scrub
+from actors.llm.lite import litellm_module, warm_up
 from actors.llm.scripts import (
     CALL_INDEX_HEADER,
     CONVERSATION_HEADER,
-    ERROR_TABLE,
     PROVIDER,
-    SCRIPT_EXHAUSTED,
-    SILENCE,
     RoundFailed,
     play,
     round_to_play,
@@ -74,110 +69,6 @@ class ModelFinished:
 
 
 StreamItem = ModelDelta | ModelFallback | ModelFinished
-
-
-# -- the lean LiteLLM configuration --------------------------------------------------------------
-#
-# Measured with bench/litellm_baseline.py (CustomLLM → acompletion(stream=True), process CPU time,
-# shared 2-core machine under load, so ±15 %). Per-chunk work in LiteLLM's async stream wrapper
-# (`chunk_creator`: a pydantic ModelResponseStream per chunk, ~100 µs) has no switch. What we cut:
-#
-# - stop at the finish chunk and `aclose()` (done in `stream_model`, not a setting): draining the
-#   wrapper to its end makes LiteLLM rebuild the whole response from every chunk in a worker thread
-#   (`stream_chunk_builder`: re-counts prompt and completion tokens, prices the call) and schedule
-#   success callbacks; nothing we read comes from it. Saves ~25-35 % per chunk on 5,000-chunk
-#   calls (CPU 145-185 → 108-128 µs/chunk) and ~50 % on 50-chunk calls (≈19 → ≈9.5 ms CPU per call).
-# - `suppress_debug_info`: LiteLLM prints a "Give Feedback / Get Help" banner to stdout on every
-#   mapped provider exception — every fallback and scripted error. Per error, not per chunk.
-# - `turn_off_message_logging`: any logging callback an operator configures gets payloads with the
-#   messages redacted: prompts stay out of logs. No measurable cost either way.
-# - `disable_streaming_logging`: no per-chunk success-logging job on LiteLLM's sync path (we are
-#   async: no measurable effect; set so a sync caller does not pay it either).
-# - `REPEATED_STREAMING_CHUNK_LIMIT`: LiteLLM raises "The model is repeating the same chunk" after
-#   100 identical consecutive chunks (> 2 chars). Identical chunks are legitimate (scripted load
-#   tests, a ruler of dashes); a runaway model is bounded by max_tokens and our iteration limits.
-# Not set, on purpose: `disable_token_counter` — it makes `litellm.token_counter` return 0, and
-# context assembly (docs/design.md#context) counts tokens with it. LiteLLM registers no callbacks by default.
-# Usage (`include_usage`, for a token quota: docs/design.md#quotas) undoes the first cut: LiteLLM
-# hands the usage chunk out only from that end-of-stream rebuild, after the finish chunk. So it is
-# asked for only when a caller needs exact counts, and only from providers that take `stream_options`.
-LEAN_SETTINGS: dict[str, object] = {
-    "suppress_debug_info": True,
-    "turn_off_message_logging": True,
-    "disable_streaming_logging": True,
-    "REPEATED_STREAMING_CHUNK_LIMIT": sys.maxsize,
-}
-
-_litellm: ModuleType | None = None
-
-
-def litellm_module() -> ModuleType:
-    """LiteLLM, imported once per process, configured lean, with the scripted provider registered."""
-    global _litellm
-    if _litellm is None:
-        import litellm
-
-        from actors.llm.scripted import ensure_registered
-
-        for key, value in LEAN_SETTINGS.items():
-            setattr(litellm, key, value)
-        ensure_registered()
-        _litellm = litellm
-    return _litellm
-
-
-async def warm_up() -> None:
-    """Import LiteLLM and load its tokenizer in a thread, at start-up. Done lazily on the first turn,
-    the import (seconds) would freeze every connection of the process inside the event loop."""
-
-    def load() -> None:
-        litellm_module().token_counter(model="gpt-4o", messages=[{"role": "user", "content": "warm up"}])
-
-    await asyncio.to_thread(load)
-
-
-# -- provider errors → kinds -----------------------------------------------------------------
-
-
-def error_kind(exc: BaseException) -> str:
-    """The provider-error kind of a LiteLLM exception, from the same table the scripted players use."""
-    litellm_module()
-    from litellm import exceptions as lx
-
-    original = getattr(exc, "original_exception", None)
-    if isinstance(exc, lx.MidStreamFallbackError) and isinstance(original, BaseException):
-        exc = original
-    if SCRIPT_EXHAUSTED in str(exc):
-        return SCRIPT_EXHAUSTED
-    # Most specific first: several LiteLLM classes subclass BadRequestError / APIConnectionError.
-    if isinstance(exc, lx.ContextWindowExceededError):
-        return "context_window_exceeded"
-    if isinstance(exc, lx.ContentPolicyViolationError):
-        return "content_policy"
-    for kind, (_, cls_name) in ERROR_TABLE.items():
-        if isinstance(exc, getattr(lx, cls_name)):
-            return kind.value
-    if isinstance(exc, lx.PermissionDeniedError):
-        return "auth"
-    if isinstance(exc, lx.APIConnectionError):
-        return "connection"
-    if isinstance(exc, lx.APIError | lx.BadGatewayError):
-        return "server_error"
-    return "unknown"
-
-
-# LiteLLM stacks class-name prefixes: "litellm.RateLimitError: RateLimitError: OpenAIException - …".
-_PREFIX = re.compile(r"^(?:litellm\.)?[A-Z]\w*(?: Error)?(?::| -)\s+")
-
-
-def _message(exc: BaseException) -> str:
-    original = getattr(exc, "original_exception", None)
-    if isinstance(original, BaseException):
-        exc = original
-    text = str(getattr(exc, "message", None) or exc)
-    while (m := _PREFIX.match(text)) is not None:
-        text = text[m.end() :]
-    return (text or type(exc).__name__)[:500]
 
 
 # -- the call ------------------------------------------------------------------------------------
@@ -229,7 +120,7 @@ async def stream_model(
     silent mid-answer cuts the stream (a `timeout` ProviderError after the first delta), which the
     turn continues like any other cut (docs/design.md#continuation). `include_usage` asks providers
     that can for the call's usage (`ModelFinished.usage`), read from the chunk after the finish
-    chunk (see LEAN_SETTINGS for its cost). Close it early (`aclose()`, or leave an `async with contextlib.aclosing(...)` block) to abort a
+    chunk (see `lite.LEAN_SETTINGS` for its cost). Close it early (`aclose()`, or leave an `async with contextlib.aclosing(...)` block) to abort a
     generation: the reader's stream (HTTP response, LiteLLM stream, scripted playback) is closed with it.
     """
     if not models:
@@ -270,6 +161,10 @@ async def stream_model(
             yield ModelFinished(finished.finish_reason, model, finished.usage)
             return
         litellm = litellm_module()
+        if model.startswith(_SCRIPTED):
+            from actors.llm.scripted import ensure_registered
+
+            ensure_registered()   # the custom provider that plays it
         kwargs: dict[str, Any] = {
             "extra_headers": headers,
             # No hidden retries: each one would be a model call the conversation did not count.
@@ -307,6 +202,7 @@ async def stream_model(
                 except TimeoutError:
                     if finish_reason is not None:
                         break  # the answer is whole; only its usage never came
+                    assert idle_timeout_s is not None   # no timeout without one
                     raise _Silent(SILENCE.format(idle_timeout_s)) from None
                 if want_usage:
                     usage = _usage(chunk) or usage
@@ -323,13 +219,13 @@ async def stream_model(
                 if choice.finish_reason is not None:
                     finish_reason = choice.finish_reason
                     if not want_usage or usage is not None:
-                        break  # see LEAN_SETTINGS: do not drain into LiteLLM's end-of-stream rebuild
+                        break  # see lite.LEAN_SETTINGS: do not drain into LiteLLM's end-of-stream rebuild
         except Exception as exc:
             if finish_reason is not None:  # failed after the finish chunk, reading the usage: the answer is whole
                 yield ModelFinished(finish_reason, model, usage)
                 return
             kind = "timeout" if isinstance(exc, _Silent) else "auth" if isinstance(exc, MissingKey) else error_kind(exc)
-            error = ProviderError(kind, model, scrub(_message(exc), key), after_first_delta=delivered)
+            error = ProviderError(kind, model, scrub(error_message(exc), key), after_first_delta=delivered)
             if delivered or position + 1 == len(models):
                 # The provider's own exception may quote the key: chain it only when there is none.
                 raise error from (exc if key is None else None)
@@ -392,3 +288,16 @@ def _fallback(model: str, to: str, error: ProviderError) -> ModelFallback:
     """Moving on to the next model after `error`, before any delta: the one description both readers give."""
     described = error.message if error.message.startswith(error.kind) else f"{error.kind}: {error.message}"
     return ModelFallback(model, to, described)
+
+
+__all__ = [
+    "ModelDelta",
+    "ModelFallback",
+    "ModelFinished",
+    "ProviderError",
+    "StreamItem",
+    "Usage",
+    "plays_directly",
+    "stream_model",
+    "warm_up",
+]
