@@ -9,7 +9,7 @@ Clients, each a whole call consumed as `stream_model` consumes it:
 
 - litellm:       `litellm.acompletion(stream=True)` in its lean configuration (`lite.LEAN_SETTINGS`),
                  stopped at the finish chunk and closed;
-- fast:          `actors.llm.fast.fast_stream` (aiohttp, hand-framed SSE, msgspec structs);
+- fast:          `actors.llm.fast.fast_stream` (aiohttp, sans-I/O SSE decoders, msgspec structs);
 - floor aiohttp: a bare reader on the same transport: aiohttp `readany`, split at blank lines,
                  one msgspec decode per event, count the text — nothing else;
 - floor httpx:   the same on httpx (`aiter_raw`), the reader the issue names as the floor.
@@ -48,7 +48,8 @@ import httpx  # noqa: E402
 import msgspec  # noqa: E402
 from aiohttp import web  # noqa: E402
 
-from actors.llm.fast import FastDelta, aclose_sessions, fast_stream  # noqa: E402
+from actors.llm.deltas import ModelDelta  # noqa: E402
+from actors.llm.fast import aclose_sessions, fast_stream  # noqa: E402
 from actors.llm.scripts import CALL_INDEX_HEADER, CONVERSATION_HEADER  # noqa: E402
 from tests.fixtures.anthropic_sse import serve, transcript_events  # noqa: E402
 
@@ -216,7 +217,7 @@ async def fast(t: Target, round_: int, _: Any) -> int:
     n = 0
     async for item in fast_stream(t.model, MESSAGES, headers=call_headers(round_), settings={}, api_base=t.api_base,
                                   api_key="sk-bench", max_tokens=4096):
-        if type(item) is FastDelta:
+        if type(item) is ModelDelta:
             n += 1
     return n
 

@@ -1,7 +1,8 @@
 """The fast stream path (actors/llm/fast.py): the same answers, finish reasons and error kinds as
 LiteLLM's stream wrapper, read off the wire by us (docs/design.md#fallback).
 
-The readers are checked on byte strings cut anywhere; the whole path against `reactgate mock-llm`
+The decoders are checked on byte strings cut anywhere (here, and in tests/test_llm_wire.py); the
+whole path against `reactgate mock-llm`
 (OpenAI-compatible SSE) and a recorded Anthropic Messages stream on loopback, each next to
 `litellm.acompletion(stream=True)` on the same server.
 """
@@ -21,15 +22,14 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from actors.llm.anthropic_wire import AnthropicMessagesDecoder
+from actors.llm.deltas import ModelDelta
 from actors.llm.errors import STATUS_KINDS, ErrorKind, ProviderError, Usage, classify, error_kind
 from actors.llm.fast import (
     FAST_SETTINGS,
     STREAM_READER,
-    AnthropicMessagesReader,
-    FastDelta,
+    Decoder,
     FastFinish,
-    OpenAIChatReader,
-    SSEReader,
     aclose_sessions,
     build_request,
     fast_path_supports,
@@ -38,6 +38,7 @@ from actors.llm.fast import (
 )
 from actors.llm.lite import litellm_module
 from actors.llm.mock_server import STATS, start_mock_server
+from actors.llm.openai_wire import OpenAIChatDecoder
 from actors.llm.scripts import CALL_INDEX_HEADER, CONVERSATION_HEADER, Round, Script
 from actors.llm.wires import PROVIDER_WIRES, Wire
 from tests.fixtures.anthropic_sse import (
@@ -82,7 +83,7 @@ async def fast_outcome(model: str, api_base: str, **kw: Any) -> tuple[Outcome, l
     except ProviderError as exc:
         text = "".join(i.text for i in items)
         return Outcome(text, error=exc.kind, after_first_delta=exc.after_first_delta), items
-    assert all(type(i) is FastDelta for i in items[:-1]) and type(items[-1]) is FastFinish
+    assert all(type(i) is ModelDelta for i in items[:-1]) and type(items[-1]) is FastFinish
     return Outcome("".join(i.text for i in items[:-1]), finish=items[-1].finish_reason), items
 
 
@@ -138,11 +139,11 @@ def openai_stream(deltas: Sequence[str], finish: str = "stop", *, usage: tuple[i
     return (body.replace("\n", "\r\n") if crlf else body).encode()
 
 
-def read_all(reader: SSEReader, data: bytes, cuts: Sequence[int] = ()) -> list[str]:
+def read_all(reader: Decoder, data: bytes, cuts: Sequence[int] = ()) -> list[str]:
     texts: list[str] = []
     start = 0
     for cut in [*sorted(cuts), len(data)]:
-        texts += reader.feed(data[start:cut])
+        texts += [delta.text for delta in reader.feed(data[start:cut])]
         start = cut
     return texts
 
@@ -157,7 +158,7 @@ def test_openai_reader_yields_the_same_deltas_however_the_bytes_are_cut(
     deltas: list[str], cuts: list[int], crlf: bool
 ) -> None:
     data = openai_stream(deltas, "length", usage=(7, 3), crlf=crlf)
-    reader = OpenAIChatReader()
+    reader = OpenAIChatDecoder()
     assert read_all(reader, data, [c % (len(data) + 1) for c in cuts]) == [d for d in deltas if d]
     assert (reader.done, reader.failure, reader.finish_reason, reader.usage) == (True, None, "length", Usage(7, 3))
 
@@ -166,26 +167,26 @@ def test_openai_reader_yields_the_same_deltas_however_the_bytes_are_cut(
 @given(cuts=cuts_st)
 def test_anthropic_reader_yields_the_recorded_text_however_the_bytes_are_cut(cuts: list[int]) -> None:
     data = RECORDED.read_bytes()
-    reader = AnthropicMessagesReader()
+    reader = AnthropicMessagesDecoder()
     assert "".join(read_all(reader, data, [c % (len(data) + 1) for c in cuts])) == RECORDED_TEXT
     assert (reader.done, reader.finish_reason, reader.usage) == (True, "end_turn", Usage(*RECORDED_USAGE))
 
 
 def test_keepalives_role_chunks_and_empty_deltas_yield_nothing() -> None:
-    reader = OpenAIChatReader()
+    reader = OpenAIChatDecoder()
     data = (b": keep-alive\n\n" b'data: {"choices":[{"index":0,"delta":{"role":"assistant"}}]}\n\n'
             b'data: {"choices":[{"index":0,"delta":{"content":""}}]}\n\n' b": ping\n\n"
             b'data:{"choices":[{"index":0,"delta":{"content":"x"}}]}\n\n')   # `data:` without its space
-    assert reader.feed(data) == ["x"]
+    assert reader.feed(data) == [ModelDelta("x")]
     assert reader.events == 3   # the comments are keep-alives: the idle timer does not count them
 
 
 def test_an_error_event_ends_the_stream_after_the_deltas_before_it() -> None:
-    reader = OpenAIChatReader()
+    reader = OpenAIChatDecoder()
     data = openai_stream(["ab", "cd"]).split(b'data: {"id": "chatcmpl-1", "object": "chat.completion.chunk", '
                                              b'"created": 0, "model": "m", "choices": [{"index": 0, "delta": {}')[0]
     data += b'event: error\ndata: {"error": {"message": "Rate limit reached (429)", "type": "rate_limit"}}\n\n'
-    assert reader.feed(data) == ["ab", "cd"]
+    assert reader.feed(data) == [ModelDelta("ab"), ModelDelta("cd")]
     assert reader.failure is not None and (reader.failure.kind, reader.failure.message) == (
         "rate_limit", "Rate limit reached (429)")
 
@@ -335,7 +336,7 @@ async def test_closing_early_aborts_the_generation() -> None:
                     break
         await stats.wait_until(lambda s: s.streams_aborted == 1)
         assert stats.streams_completed == 0
-        assert got == [FastDelta("z")] * 3
+        assert got == [ModelDelta("z")] * 3
     finally:
         await runner.cleanup()
 

@@ -7,10 +7,10 @@ endpoint, auth headers and request body — it still does, once per call, throug
 configs (`get_llm_provider`, `ProviderConfigManager.get_provider_chat_config`, `get_optional_params`
 → the config's `map_openai_params`, then `validate_environment`, `get_complete_url`,
 `transform_request`: the steps its `BaseLLMHTTPHandler` takes). The response is ours: one pooled
-aiohttp session per event loop, SSE framed by hand, every event decoded once into a typed msgspec
-struct, for two wire formats — OpenAI-compatible chat completions and Anthropic Messages.
+aiohttp session per event loop, and the bytes fed to the wire's sans-I/O decoder (`DECODERS`:
+`openai_wire.py`, `anthropic_wire.py`), whose model deltas go to the caller as they are.
 
-`fast_stream` is one attempt of `stream_model` (docs/design.md#fallback): `FastDelta`s, then one
+`fast_stream` is one attempt of `stream_model` (docs/design.md#fallback): `ModelDelta`s, then one
 `FastFinish` (finish reason, usage when the provider reports it), or a `ProviderError` carrying
 the same kinds LiteLLM's exception mapping gives (`errors.classify`). Fallback,
 call counting and salvage stay with `stream_model`. `fast_path_supports` says which calls may take
@@ -27,23 +27,21 @@ import copy
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import aiohttp
 import msgspec
 
-from actors.llm.errors import ErrorDetail, Fault, ProviderError, Usage, answer_fault, stream_fault, unreadable
+from actors.llm.anthropic_wire import AnthropicMessagesDecoder
+from actors.llm.deltas import ModelDelta
+from actors.llm.errors import SILENCE, Fault, ProviderError, Usage, answer_fault
 from actors.llm.keys import MissingKey, call_kwargs, scrub
 from actors.llm.lite import litellm_module, litellm_part
+from actors.llm.openai_wire import OpenAIChatDecoder
 from actors.llm.scripts import PROVIDER
 from actors.llm.wires import PROVIDER_WIRES, Wire
 
 # -- what the path yields ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class FastDelta:
-    text: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +54,7 @@ class FastFinish:
     usage: Usage | None
 
 
-FastItem = FastDelta | FastFinish
+FastItem = ModelDelta | FastFinish
 
 
 # -- which calls take the path -------------------------------------------------------------------
@@ -120,272 +118,25 @@ class _Failure(Exception):
 
 
 # -- the wire, sans I/O --------------------------------------------------------------------------
-#
-# Bytes in, text deltas out; finish, usage and the end of the stream kept as attributes. No socket,
-# no event loop: the tests feed them byte strings cut anywhere.
 
 
-class _OpenAIDelta(msgspec.Struct, gc=False):
-    content: str | None = None
+class Decoder(Protocol):
+    """A wire's sans-I/O decoder: the bytes of each read in, the model deltas they complete out."""
+
+    done: bool                  # the provider ended the answer
+    failure: Fault | None       # an error event (or an unreadable stream) ended it
+    events: int                 # events other than keep-alives so far
+    finish_reason: str | None   # as the provider said it
+    usage: Usage | None
+
+    def feed(self, data: bytes) -> list[ModelDelta]: ...
+
+    def end_reason(self) -> str | None: ...
 
 
-class _OpenAIChoice(msgspec.Struct, gc=False):
-    index: int = 0
-    delta: _OpenAIDelta | None = None
-    finish_reason: str | None = None
-
-
-class _OpenAIUsage(msgspec.Struct, gc=False):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-
-class _OpenAIChunk(msgspec.Struct, gc=False):
-    choices: list[_OpenAIChoice] | None = None
-    usage: _OpenAIUsage | None = None
-    error: ErrorDetail | str | None = None
-
-
-class _AnthropicUsage(msgspec.Struct, gc=False):
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-    cache_creation_input_tokens: int | None = None
-    cache_read_input_tokens: int | None = None
-
-
-class _AnthropicMessage(msgspec.Struct, gc=False):
-    usage: _AnthropicUsage | None = None
-
-
-class _MessageStart(msgspec.Struct, gc=False):
-    message: _AnthropicMessage | None = None
-
-
-class _BlockDelta(msgspec.Struct, gc=False):
-    type: str = ""
-    text: str = ""
-
-
-class _ContentBlockDelta(msgspec.Struct, gc=False):
-    delta: _BlockDelta | None = None
-
-
-class _StopDelta(msgspec.Struct, gc=False):
-    stop_reason: str | None = None
-
-
-class _MessageDelta(msgspec.Struct, gc=False):
-    delta: _StopDelta | None = None
-    usage: _AnthropicUsage | None = None
-
-
-class _AnthropicError(msgspec.Struct, gc=False):
-    error: ErrorDetail | None = None
-
-
-class _Typed(msgspec.Struct, gc=False):
-    type: str = ""
-
-
-MAX_EVENT_BYTES: Final = 8 << 20    # a provider that never ends an event does not grow us forever
-
-
-class SSEReader:
-    """SSE framing (events end at a blank line; `\\n`, `\\r\\n` or `\\r` line ends; `:` comments are
-    keep-alives). A subclass's `feed` reads its wire's usual event shape in place (the hot path: one
-    decode per event, no line splitting) and hands any other block to `_block` → `_event`."""
-
-    def __init__(self) -> None:
-        self._tail = b""
-        self.done = False          # the provider ended the answer ([DONE], message_stop)
-        self.failure: _Failure | None = None   # an error event (or an unreadable one) ended it
-        self.events = 0            # events other than keep-alives: what the idle timeout watches
-        self.finish_reason: str | None = None
-        self.usage: Usage | None = None
-
-    def feed(self, data: bytes) -> list[str]:
-        """The text deltas in `data`, in order, up to an error event (then `failure` is set: the
-        deltas before it were streamed and must still be delivered)."""
-        out: list[str] = []
-        try:
-            for block in self._frame(data):
-                self._block(block, out)
-        except _Failure as failure:
-            self.failure = failure
-        return out
-
-    def _frame(self, data: bytes) -> list[bytes]:
-        """The whole events in `data` (with what the last read left over); the rest waits."""
-        if self._tail:
-            data = self._tail + data
-        if 13 in data:   # b"\r" (an int: a plain memchr)
-            cr = b""
-            if data.endswith(b"\r"):   # maybe the first half of a CRLF: decide when the rest arrives
-                data, cr = data[:-1], b"\r"
-            blocks = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n\n")
-            self._tail = blocks.pop() + cr
-        else:
-            blocks = data.split(b"\n\n")
-            self._tail = blocks.pop()
-        if len(self._tail) > MAX_EVENT_BYTES:
-            self._tail = b""
-            self.failure = _Failure("connection", f"an event of the stream exceeds {MAX_EVENT_BYTES} bytes")
-        return blocks
-
-    def _block(self, block: bytes, out: list[str]) -> None:
-        name = b""
-        data: list[bytes] = []
-        for line in block.split(b"\n"):
-            if not line or line[:1] == b":":
-                continue
-            field, _, value = line.partition(b":")
-            if value[:1] == b" ":
-                value = value[1:]
-            if field == b"data":
-                data.append(value)
-            elif field == b"event":
-                name = value
-        if data:
-            self._event(name, b"\n".join(data), out)
-
-    def _event(self, name: bytes, data: bytes, out: list[str]) -> None:
-        raise NotImplementedError
-
-
-_openai_chunk = msgspec.json.Decoder(_OpenAIChunk)
-_decode_openai_chunk = _openai_chunk.decode
-
-
-class OpenAIChatReader(SSEReader):
-    """`data: {chat.completion.chunk}` events, `data: [DONE]`; an error inside the stream is a chunk
-    with an `error` member (with or without `event: error`), as the OpenAI SDK reads it."""
-
-    def feed(self, data: bytes) -> list[str]:
-        out: list[str] = []
-        try:
-            for block in self._frame(data):
-                if block.startswith(b"data: {"):   # the usual shape: one data line holding a chunk
-                    try:
-                        chunk = _decode_openai_chunk(block[6:])
-                    except msgspec.DecodeError:   # more lines than one, or unreadable: the general way
-                        self._block(block, out)
-                    else:
-                        self._chunk(chunk, out)
-                elif block:
-                    self._block(block, out)
-        except _Failure as failure:
-            self.failure = failure
-        return out
-
-    def _event(self, name: bytes, data: bytes, out: list[str]) -> None:
-        if data == b"[DONE]":
-            self.done = True
-            return
-        try:
-            chunk = _openai_chunk.decode(data)
-        except msgspec.DecodeError as exc:
-            raise _Failure.of(unreadable(exc)) from None
-        self._chunk(chunk, out)
-
-    def _chunk(self, chunk: _OpenAIChunk, out: list[str]) -> None:
-        self.events += 1
-        if chunk.error:
-            raise _Failure.of(stream_fault(Wire.OPENAI_CHAT, chunk.error, None))
-        if chunk.choices:
-            choice = chunk.choices[0]
-            delta = choice.delta
-            if delta is not None and delta.content:
-                out.append(delta.content)
-            if choice.finish_reason:
-                self.finish_reason = choice.finish_reason
-        if chunk.usage is not None:
-            self.usage = Usage(chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
-
-
-_EVENT_DECODERS: Final[Mapping[bytes, msgspec.json.Decoder[Any]]] = {
-    b"content_block_delta": msgspec.json.Decoder(_ContentBlockDelta),
-    b"message_start": msgspec.json.Decoder(_MessageStart),
-    b"message_delta": msgspec.json.Decoder(_MessageDelta),
-    b"error": msgspec.json.Decoder(_AnthropicError),
-}
-_typed = msgspec.json.Decoder(_Typed)
-_BLOCK_DELTA: Final = b"event: content_block_delta\ndata: "
-_BLOCK_DELTA_SIZE: Final = len(_BLOCK_DELTA)
-_decode_block_delta = _EVENT_DECODERS[b"content_block_delta"].decode
-
-
-class AnthropicMessagesReader(SSEReader):
-    """message_start, content_block_start/delta/stop, message_delta, message_stop, ping, error; other
-    event types are ignored (Anthropic may add some). Only `text_delta` blocks are answer text."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._usage: dict[str, int] = {}
-
-    def feed(self, data: bytes) -> list[str]:
-        out: list[str] = []
-        n = 0
-        try:
-            for block in self._frame(data):
-                if block.startswith(_BLOCK_DELTA):   # the usual shape: a content block's delta, one data line
-                    try:
-                        delta = _decode_block_delta(block[_BLOCK_DELTA_SIZE:]).delta
-                    except msgspec.DecodeError:   # more lines than one, or unreadable: the general way
-                        self._block(block, out)
-                        continue
-                    n += 1
-                    if delta is not None and delta.type == "text_delta" and delta.text:
-                        out.append(delta.text)
-                elif block:
-                    self._block(block, out)
-        except _Failure as failure:
-            self.failure = failure
-        self.events += n
-        return out
-
-    def _event(self, name: bytes, data: bytes, out: list[str]) -> None:
-        try:
-            if not name:   # no `event:` line: the type is in the data
-                name = _typed.decode(data).type.encode()
-            decoder = _EVENT_DECODERS.get(name)
-            if name != b"ping":
-                self.events += 1
-            if decoder is None:
-                if name == b"message_stop":
-                    self.done = True
-                return
-            event = decoder.decode(data)
-        except msgspec.DecodeError as exc:
-            raise _Failure.of(unreadable(exc)) from None
-        if type(event) is _ContentBlockDelta:
-            if event.delta is not None and event.delta.type == "text_delta" and event.delta.text:
-                out.append(event.delta.text)
-        elif type(event) is _MessageDelta:
-            if event.delta is not None and event.delta.stop_reason:
-                self.finish_reason = event.delta.stop_reason
-            self._count(event.usage)
-        elif type(event) is _MessageStart:
-            self._count(event.message.usage if event.message is not None else None)
-        elif type(event) is _AnthropicError:
-            raise _Failure.of(stream_fault(Wire.ANTHROPIC_MESSAGES, event.error, 500))
-
-    def _count(self, usage: _AnthropicUsage | None) -> None:
-        """Usage is cumulative and message_delta may omit what message_start reported; prompt tokens
-        include cache writes and reads, as LiteLLM counts them."""
-        if usage is None:
-            return
-        for field in usage.__struct_fields__:
-            value = getattr(usage, field)
-            if value is not None:
-                self._usage[field] = value
-        u = self._usage
-        prompt = u.get("input_tokens", 0) + u.get("cache_creation_input_tokens", 0) + u.get("cache_read_input_tokens", 0)
-        self.usage = Usage(prompt, u.get("output_tokens", 0))
-
-
-READERS_BY_WIRE: Final[Mapping[Wire, Callable[[], SSEReader]]] = {
-    Wire.OPENAI_CHAT: OpenAIChatReader,
-    Wire.ANTHROPIC_MESSAGES: AnthropicMessagesReader,
+DECODERS: Final[Mapping[Wire, Callable[[], Decoder]]] = {
+    Wire.OPENAI_CHAT: OpenAIChatDecoder,
+    Wire.ANTHROPIC_MESSAGES: AnthropicMessagesDecoder,
 }
 
 
@@ -641,7 +392,7 @@ async def fast_stream(
     idle_timeout_s: float | None = None,
     include_usage: bool = True,
 ) -> AsyncGenerator[FastItem, None]:
-    """One model attempt: `FastDelta`s, then a `FastFinish`; or a `ProviderError`.
+    """One model attempt: `ModelDelta`s, then a `FastFinish`; or a `ProviderError`.
 
     `headers` go with the request (the conversation and call index, see scripts.py); `settings` are
     the model's (its key read from `api_key_env` here, at the call; settings win over `api_base`,
@@ -655,7 +406,7 @@ async def fast_stream(
     key: str | None = None
     delivered = False
     response: aiohttp.ClientResponse | None = None
-    reader: SSEReader | None = None
+    decoder: Decoder | None = None
     dog: _Watchdog | None = None
     read_timeout = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
     whole = False    # the body was read to its end: the connection may go back to the pool
@@ -671,37 +422,37 @@ async def fast_stream(
                                                  allow_redirects=False, proxy=proxy, proxy_auth=proxy_auth)
                 if response.status >= 300:
                     raise await _status_failure(wire, response)
-            reader = READERS_BY_WIRE[wire]()
+            decoder = DECODERS[wire]()
             dog = _Watchdog(read_timeout, response)
             content, clock = response.content, dog.loop.time
             seen = 0
-            while not reader.done:
+            while not decoder.done:
                 data = await content.readany()
                 if not data:
                     break
                 dog.read_at = clock()
-                texts = reader.feed(data)
-                if reader.events != seen:
-                    seen, dog.event_at = reader.events, dog.read_at
-                for text in texts:
+                deltas = decoder.feed(data)
+                if decoder.events != seen:
+                    seen, dog.event_at = decoder.events, dog.read_at
+                for delta in deltas:
                     delivered = True
                     dog.waiting = False
-                    yield FastDelta(text)
+                    yield delta
                     dog.read_at = dog.event_at = clock()
                     dog.waiting = True
                     if dog.idle_limit is None and idle_timeout_s is not None:
                         dog.start_idle(idle_timeout_s)
-                if reader.failure is not None:
-                    raise reader.failure
-            if reader.done:
+                if decoder.failure is not None:
+                    raise _Failure.of(decoder.failure)
+            if decoder.done:
                 whole = await _drain(content)
-            finish = _finish(wire, reader)
+            finish = _finish(decoder)
         except (_Failure, TimeoutError, aiohttp.ClientError) as exc:
-            if reader is None or reader.finish_reason is None:
+            if decoder is None or decoder.finish_reason is None:
                 raise _provider_error(exc, model, key, delivered, dog, idle_timeout_s, read_timeout,
                                       answered=response is not None) from (
                     exc if key is None and not isinstance(exc, _Failure) else None)
-            finish = _finish(wire, reader)   # the answer is whole; only what follows it failed
+            finish = _finish(decoder)   # the answer is whole; only what follows it failed
     finally:
         if dog is not None:
             dog.cancel()
@@ -720,7 +471,8 @@ def _provider_error(exc: BaseException, model: str, key: str | None, delivered: 
     elif isinstance(exc, TimeoutError):   # before the headers, a read, or the idle timeout
         kind = "timeout"
         if dog is not None and dog.tripped == "idle":
-            message = f"no chunk for {idle_timeout_s:g} s in the middle of the response"
+            assert idle_timeout_s is not None   # the idle clock runs only when there is one
+            message = SILENCE.format(idle_timeout_s)
         else:
             message = f"nothing received for {read_timeout:g} s"
     else:
@@ -746,16 +498,13 @@ async def _drain(content: aiohttp.StreamReader) -> bool:
     return True
 
 
-def _finish(wire: Wire, reader: SSEReader) -> FastFinish:
+def _finish(decoder: Decoder) -> FastFinish:
+    """The finish reason in OpenAI's vocabulary (LiteLLM's `map_finish_reason`), and the usage."""
+    reason = decoder.end_reason()
+    if reason is None:
+        raise _Failure("connection", "the stream ended before a finish reason was received")
     map_finish_reason = litellm_part("litellm_core_utils.core_helpers").map_finish_reason
-    if reader.finish_reason is None:
-        # A stream that ends without a finish reason was cut (LiteLLM: "Stream ended before a
-        # finish_reason was received", an APIConnectionError); an Anthropic message_stop without a
-        # stop_reason is a finished answer LiteLLM calls "stop".
-        if wire is Wire.OPENAI_CHAT or not reader.done:
-            raise _Failure("connection", "the stream ended before a finish reason was received")
-        return FastFinish("stop", reader.usage)
-    return FastFinish(map_finish_reason(reader.finish_reason), reader.usage)
+    return FastFinish(map_finish_reason(reason), decoder.usage)
 
 
 async def _status_failure(wire: Wire, response: aiohttp.ClientResponse) -> _Failure:
@@ -765,15 +514,14 @@ async def _status_failure(wire: Wire, response: aiohttp.ClientResponse) -> _Fail
 
 
 __all__ = [
+    "DECODERS",
     "FAST_SETTINGS",
     "READERS",
     "STREAM_READER",
-    "AnthropicMessagesReader",
-    "FastDelta",
+    "Decoder",
     "FastFinish",
     "FastItem",
     "FastRequest",
-    "OpenAIChatReader",
     "aclose_sessions",
     "build_request",
     "fast_path_supports",

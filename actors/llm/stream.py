@@ -23,14 +23,13 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from actors.llm.deltas import ModelDelta, ModelFallback, ModelFinished, StreamItem
 from actors.llm.errors import SILENCE, ProviderError, Usage, error_kind, error_message
 from actors.llm.fast import (
     DEFAULT_TIMEOUT_S,
     STREAM_READER,
-    FastDelta,
     FastFinish,
     FastItem,
     fast_path_supports,
@@ -47,29 +46,6 @@ from actors.llm.scripts import (
     play,
     round_to_play,
 )
-
-
-@dataclass(frozen=True, slots=True)
-class ModelDelta:
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
-class ModelFallback:
-    from_model: str
-    to_model: str
-    error: str
-
-
-@dataclass(frozen=True, slots=True)
-class ModelFinished:
-    finish_reason: str | None
-    model: str
-    usage: Usage | None = None    # asked for with `include_usage`, and only if the provider can say
-
-
-StreamItem = ModelDelta | ModelFallback | ModelFinished
-
 
 # -- the call ------------------------------------------------------------------------------------
 
@@ -148,10 +124,10 @@ async def stream_model(
             try:
                 async with contextlib.aclosing(attempt) as items:
                     async for item in items:
-                        if isinstance(item, FastDelta):
-                            yield ModelDelta(item.text)
-                        else:
+                        if isinstance(item, FastFinish):
                             finished = item
+                        else:
+                            yield item   # the reader's deltas, as they are
             except ProviderError as failed:
                 if failed.after_first_delta or position + 1 == len(models):
                     raise
@@ -275,7 +251,7 @@ async def _play_scripted(
             async for text in texts:
                 if text:
                     delivered = True
-                    yield FastDelta(text)
+                    yield ModelDelta(text)
     except RoundFailed as failed:
         raise ProviderError(failed.kind, model, failed.message, after_first_delta=delivered) from None
     except MissingKey as exc:
