@@ -48,9 +48,11 @@ import httpx  # noqa: E402
 import msgspec  # noqa: E402
 from aiohttp import web  # noqa: E402
 
+from actors.llm.call import ModelCall  # noqa: E402
 from actors.llm.deltas import ModelDelta  # noqa: E402
-from actors.llm.fast import aclose_sessions, fast_stream  # noqa: E402
+from actors.llm.fast import fast_stream  # noqa: E402
 from actors.llm.scripts import CALL_INDEX_HEADER, CONVERSATION_HEADER  # noqa: E402
+from actors.llm.transport import aclose_sessions  # noqa: E402
 from tests.fixtures.anthropic_sse import serve, transcript_events  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "Tell me about the weather in Paris."}]
@@ -215,8 +217,9 @@ async def floor_httpx(t: Target, round_: int, client: httpx.AsyncClient) -> int:
 
 async def fast(t: Target, round_: int, _: Any) -> int:
     n = 0
-    async for item in fast_stream(t.model, MESSAGES, headers=call_headers(round_), settings={}, api_base=t.api_base,
-                                  api_key="sk-bench", max_tokens=4096):
+    call = ModelCall.resolve(t.model, MESSAGES, {}, conversation_id="bench", call_index=round_, api_base=t.api_base,
+                             api_key="sk-bench", max_tokens=4096, include_usage=True)
+    async for item in fast_stream(call):
         if type(item) is ModelDelta:
             n += 1
     return n

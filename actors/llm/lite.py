@@ -23,7 +23,7 @@ from typing import Final
 # shared 2-core machine under load, so ±15 %). Per-chunk work in LiteLLM's async stream wrapper
 # (`chunk_creator`: a pydantic ModelResponseStream per chunk, ~100 µs) has no switch. What we cut:
 #
-# - stop at the finish chunk and `aclose()` (done in `stream_model`, not a setting): draining the
+# - stop at the finish chunk and `aclose()` (done by `litellm_reader.py`, not a setting): draining the
 #   wrapper to its end makes LiteLLM rebuild the whole response from every chunk in a worker thread
 #   (`stream_chunk_builder`: re-counts prompt and completion tokens, prices the call) and schedule
 #   success callbacks; nothing we read comes from it. Saves ~25-35 % per chunk on 5,000-chunk

@@ -1,7 +1,7 @@
 """The scripted model as a LiteLLM custom provider: `scripted/<name>` plays script <name> (docs/design.md#scripted-model).
 
-`stream_model` plays scripts itself (its direct player, no LiteLLM per chunk); this provider serves
-a model whose settings say `stream_reader = "litellm"` (`stream_model` registers it), and any
+`stream_model` plays scripts itself (`direct_player.py`, no LiteLLM per chunk); this provider serves
+a model whose settings say `stream_reader = "litellm"` (`litellm_reader.py` registers it), and any
 plain `litellm.acompletion` call once `ensure_registered()` has run —
 through the real LiteLLM streaming path (`acompletion(stream=True)` → `CustomStreamWrapper`), so
 tests of that path exercise what a real provider exercises. Both players pace and fail through
@@ -13,7 +13,7 @@ counter and may resume in another process after a crash. A per-process counter i
 fallback for callers that send no index.
 
 This module is LiteLLM code: importing it loads LiteLLM (`lite.litellm_module()`), so the model
-layer imports it only where a scripted model is played through LiteLLM (`stream.py`).
+layer imports it only where a scripted model is played through LiteLLM (`litellm_reader.py`).
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ class ScriptedLLM(CustomLLM):
     ) -> AsyncIterator[GenericStreamingChunk]:
         # An async generator: nothing runs until LiteLLM asks for the first chunk, so an `error`
         # round raises before any chunk, as a failing provider does. The idle timeout is not the
-        # provider's: `stream_model` keeps it around LiteLLM's stream.
+        # provider's: LiteLLM's reader keeps it around LiteLLM's stream.
         round_ = self.resolve(model, headers, messages)
         try:
             async with contextlib.aclosing(play(round_, read_timeout_s=_read_timeout(timeout))) as texts:

@@ -1,7 +1,7 @@
 """The scripted model's script (docs/design.md#scripted-model): what the model answers to the i-th call of a conversation.
 
-A script is data, validated once when loaded; every player — `stream_model`'s direct player
-(`stream.py`), the LiteLLM custom provider (`scripted.py`) and the OpenAI-compatible mock endpoint
+A script is data, validated once when loaded; every player — the direct player
+(`direct_player.py`), the LiteLLM custom provider (`scripted.py`) and the OpenAI-compatible mock endpoint
 (`mock_server.py`) — reads the same `Round.chunks`, so no two paths stream different deltas for the
 same script. The two in-process players also share one pacing (`play`) and one way to fail
 (`RoundFailed`), so they cannot drift apart in timing or errors either.
