@@ -56,8 +56,8 @@ class LocalBackend:
         await self.store.close()
         if "actors.tools.mcp" in sys.modules:  # tools ran here: stop the MCP servers they started
             await sys.modules["actors.tools.mcp"].close_sessions()
-        if "actors.llm.fast" in sys.modules:   # models were read here: close the pooled HTTP session
-            await sys.modules["actors.llm.fast"].aclose_sessions()
+        if "actors.llm.transport" in sys.modules:   # models were read here: close the pooled HTTP session
+            await sys.modules["actors.llm.transport"].aclose_sessions()
 
     async def open(self, owner: Owner, conversation_id: str | None, agent: str | None, mode: str | None) -> Opened:
         conversation_id, created = await self.owners.open(
