@@ -73,8 +73,9 @@ except ImportError:  # pragma: no cover - fall back to /proc
     psutil = None
 
 from actors.conversation import Runtime
-from actors.hosting.backend import Owner, SetMode, UserMessage
+from actors.hosting.backend import SetMode, UserMessage
 from actors.hosting.local import LocalBackend
+from actors.identity import Owner
 from actors.llm.scripts import parse_script, register_script
 from actors.llm.stream import stream_model
 from actors.profile import AgentProfile, parse_profile

@@ -22,7 +22,8 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 import ray
 
-from actors.hosting.backend import ConfigurationReplaced, Owner, UserMessage
+from actors.hosting.backend import ConfigurationReplaced, UserMessage
+from actors.identity import Owner
 from actors.profile import AgentProfile, parse_profile
 from actors.ray.backend import RayBackend
 from actors.ray.config import RayConfig

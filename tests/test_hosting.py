@@ -22,8 +22,9 @@ import ray
 from ray.exceptions import ActorUnavailableError
 
 from actors.conversation import Runtime
-from actors.hosting.backend import Answer, Owner, SetMode, UserMessage
+from actors.hosting.backend import Answer, SetMode, UserMessage
 from actors.hosting.local import LocalBackend
+from actors.identity import Owner
 from actors.llm.scripts import register_script
 from actors.llm.stream import stream_model
 from actors.profile import AgentProfile, parse_profile

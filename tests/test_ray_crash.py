@@ -34,7 +34,8 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 import ray
 
-from actors.hosting.backend import Owner, UserMessage
+from actors.hosting.backend import UserMessage
+from actors.identity import Owner
 from actors.llm.scripts import register_script
 from actors.profile import AgentProfile, parse_profile
 from actors.ray.backend import RayBackend

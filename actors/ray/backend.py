@@ -29,12 +29,13 @@ from typing import Any, TypeVar
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from actors.hosting.backend import AckStatus, Command, ConfigurationReplaced, Export, Opened, Owner, SetMode
+from actors.hosting.backend import AckStatus, Command, ConfigurationReplaced, Export, Opened, SetMode
 from actors.hosting.export import export_log
 from actors.hosting.meter import Meter
 from actors.hosting.owners import Owners, deletion_key
 from actors.hosting.placement import NoLiveHost
 from actors.hosting.subscription import replay_then_live
+from actors.identity import Owner
 from actors.quotas import TenantUsage
 from actors.ray.config import RayConfig
 from actors.ray.directory import Directory
