@@ -2,9 +2,11 @@
 
 - `config.py`: `RayConfig`, everything the cluster needs, built at the edge and passed in;
 - `generation.py`: the content hash of what the hosts serve, naming each set of hosts;
-- `names.py`: the named actors' namespace and names, and race-free creation;
+- `names.py`: the named actors' namespace and names (pure);
+- `singletons.py`: race-free creation of the one-of-a-name actors (the Directory, each tool pool);
 - `directory.py`: the Directory actor, a shell around `actors.hosting.placement.PlacementTable`;
 - `host.py`: the ConversationHost actor, a shell around `actors.hosting.host.HostCore`;
+- `outbox.py`: a host's outboxes, one per gateway, drained by its long poll (pure);
 - `tool_pool.py`: the ToolPool actor, a shell around `actors.tools.pool.ToolPool`, and the client
   hosts run tools through;
 - `backend.py`: `RayBackend`, the gateway as a Ray driver.

@@ -40,8 +40,9 @@ from actors.quotas import TenantUsage
 from actors.ray.config import RayConfig
 from actors.ray.directory import Directory
 from actors.ray.host import WrongHost
-from actors.ray.names import DIRECTORY_NAME, NAMESPACE, get_or_create, placement, tool_pool
+from actors.ray.names import DIRECTORY_NAME, NAMESPACE, placement, tool_pool
 from actors.ray.outbox import Relocated
+from actors.ray.singletons import get_or_create
 from actors.ray.tool_pool import ToolPoolActor
 from actors.store import Store, store_from_url
 from protocol.events import Event

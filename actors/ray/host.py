@@ -34,8 +34,9 @@ from actors.hosting.host import HostCore
 from actors.llm.scripts import register_script
 from actors.llm.stream import stream_model, warm_up
 from actors.ray.config import RayConfig
-from actors.ray.names import DIRECTORY_NAME, NAMESPACE, get_or_create, is_dedicated, placement, tool_pool
+from actors.ray.names import DIRECTORY_NAME, NAMESPACE, is_dedicated, placement, tool_pool
 from actors.ray.outbox import Outboxes, Relocated
+from actors.ray.singletons import get_or_create
 from actors.ray.tool_pool import ToolPoolActor, ToolPoolClient
 from actors.store import store_from_url
 from protocol.events import Event
