@@ -21,7 +21,6 @@ import gc
 import logging
 import os
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,14 +45,6 @@ log = logging.getLogger("reactgate.ray.host")
 HEARTBEAT_S = 5.0            # re-registration: a restarted Directory starts empty
 ADOPT_CONCURRENCY = 16       # activations at once when adopting a dead host's conversations
 DRAIN_CHECK_S = 0.2          # a draining host passivates a conversation this soon after its turn ends
-
-
-@dataclass(frozen=True)
-class Registration:
-    """The Directory's answer to a host's registration or heartbeat."""
-
-    known: bool          # False: a restarted Directory did not know this host: re-claim what it hosts
-    wants_config: bool   # the Directory has no RayConfig to build replacements from: send it
 
 
 class WrongHost(Exception):
