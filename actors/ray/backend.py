@@ -452,7 +452,8 @@ class RayBackend:
         return name
 
     async def holder(self, conversation_id: str) -> str | None:
-        """The host the Directory has the conversation assigned to; None while it is active nowhere."""
+        """The host the Directory has the conversation assigned to; None while it is placed nowhere
+        (passivated, or left by a dead host and not yet handed over)."""
         holder = await self._directory.holder.remote(conversation_id)
         return str(holder) if holder is not None else None
 
