@@ -127,7 +127,7 @@ Effect = StartHost | ReplaceHost | WatchLifeline | Drain | Undrain | HandOver | 
 
 class DirectoryCore:
     def __init__(self) -> None:
-        self.table = PlacementTable()
+        self._table = PlacementTable()
         self._incarnations: dict[str, str] = {}     # host → its registered incarnation (one process)
         # host → how the actor calls it: its registered incarnation's handle, or the one this
         # Directory created and that has not registered yet. Opaque here: the core never calls it.
@@ -152,10 +152,10 @@ class DirectoryCore:
         self._incarnations[name] = incarnation
         self._handles[name] = handle
         if self._is_replaced(name):
-            self.table.drain(name)  # e.g. re-registering with a restarted Directory: still draining
+            self._table.drain(name)  # e.g. re-registering with a restarted Directory: still draining
             effects.append(Drain(name))
         else:
-            self.table.add_host(name, dedicated=is_dedicated(name))
+            self._table.add_host(name, dedicated=is_dedicated(name))
         effects.append(WatchLifeline(name, incarnation, handle))
         if self.orphans:
             effects.append(HandOver())  # they may have a place now
@@ -167,7 +167,7 @@ class DirectoryCore:
         if self._incarnations.get(name) != incarnation:
             return []
         return [cid for cid in conversation_ids
-                if self.table.claim(cid, name, dedicated=is_dedicated(name)) != name]
+                if self._table.claim(cid, name, dedicated=is_dedicated(name)) != name]
 
     def configure(self, config: RayConfig) -> list[Effect]:
         """A host of the current generation gives a restarted Directory the configuration
@@ -189,7 +189,7 @@ class DirectoryCore:
             return []  # reported before, or a newer incarnation registered
         del self._incarnations[name]
         self._handles.pop(name, None)
-        moved = self.table.host_failed(name)
+        moved = self._table.host_failed(name)
         log.warning("host %s (%s) died holding %d conversations", name, incarnation[:8], len(moved))
         effects: list[Effect] = []
         for cid in moved:
@@ -215,9 +215,9 @@ class DirectoryCore:
     def retire(self, name: str) -> list[Effect]:
         """A dedicated host whose conversation was passivated, or a drained host of a replaced
         generation, asks to end. Forgotten first, so its lifeline's failure is no death to handle."""
-        if not is_dedicated(name) and name not in self.table.draining:
+        if not is_dedicated(name) and name not in self._table.draining:
             return []
-        self.table.host_failed(name)
+        self._table.host_failed(name)
         self._incarnations.pop(name, None)
         self._handles.pop(name, None)
         return [Retire(name), *self._close_generation_if_empty(generation_of(name))]
@@ -227,7 +227,7 @@ class DirectoryCore:
     def checker(self) -> str | None:
         """The live host that reads the orphans' state in the store: the first sharded one, else the
         first dedicated one; None until one registers."""
-        live = [h for h in sorted(self.table.live) or sorted(self.table.dedicated) if h in self._handles]
+        live = [h for h in sorted(self._table.live) or sorted(self._table.dedicated) if h in self._handles]
         return live[0] if live else None
 
     def handed_over(self, asked: Mapping[str, str], busy: Sequence[str]) -> list[Effect]:
@@ -253,7 +253,7 @@ class DirectoryCore:
             starts.extend(effects)
             return host
         try:
-            return self.table.place(conversation_id)
+            return self._table.place(conversation_id)
         except NoLiveHost:
             self.orphans[conversation_id] = dead
             return None
@@ -267,7 +267,7 @@ class DirectoryCore:
 
     def vanished(self, host: str) -> list[Effect]:
         """A host that never registered died before adopting what it was given: hand it over again."""
-        for cid in self.table.host_failed(host):
+        for cid in self._table.host_failed(host):
             self.orphans[cid] = host
         return [HandOver()]
 
@@ -277,19 +277,19 @@ class DirectoryCore:
         """The conversation's host; a gateway of a replaced generation is refused (ConfigurationReplaced)."""
         if generation is not None:
             self.check(generation)
-        return self.table.place(conversation_id)
+        return self._table.place(conversation_id)
 
     def claim(self, conversation_id: str, host: str) -> str:
-        return self.table.claim(conversation_id, host, dedicated=is_dedicated(host))
+        return self._table.claim(conversation_id, host, dedicated=is_dedicated(host))
 
     def release(self, conversation_id: str, host: str) -> None:
-        self.table.release(conversation_id, host)
+        self._table.release(conversation_id, host)
 
     def hosts(self) -> list[str]:
-        return sorted(self.table.live)
+        return sorted(self._table.live)
 
     def holder(self, conversation_id: str) -> str | None:
-        return self.table.assigned.get(conversation_id)
+        return self._table.assigned.get(conversation_id)
 
     def handovers(self) -> dict[str, int]:
         return {"resumed": self._resumed, "orphans": len(self.orphans)}
@@ -324,11 +324,11 @@ class DirectoryCore:
         return host, effects + started
 
     def _ensure_dedicated(self, conversation_id: str, config: RayConfig) -> tuple[str, list[Effect]]:
-        holder = self.table.assigned.get(conversation_id)
-        if holder is not None and self.table.alive(holder) and holder in self.table.draining:
+        holder = self._table.assigned.get(conversation_id)
+        if holder is not None and self._table.alive(holder) and holder in self._table.draining:
             return holder, []  # the old generation's host finishes its turn; the next activation comes here
         name = dedicated_host(config.generation, conversation_id)
-        self.table.assign(conversation_id, name, dedicated=True)
+        self._table.assign(conversation_id, name, dedicated=True)
         return name, [] if name in self._incarnations else [StartHost(name, config, 0)]
 
     def _is_replaced(self, host: str) -> bool:
@@ -348,7 +348,7 @@ class DirectoryCore:
         if current is None:
             for name in self._handles:  # a restarted Directory: hosts it met before
                 if self._is_replaced(name):
-                    self.table.drain(name)
+                    self._table.drain(name)
                     effects.append(Drain(name))
             return effects
         self._replaced[current.generation] = config.generation
@@ -357,10 +357,10 @@ class DirectoryCore:
                     config.generation, current.generation, ", ".join(changed) or "nothing", current.generation)
         for name in self._handles:
             if generation_of(name) == current.generation:
-                self.table.drain(name)
+                self._table.drain(name)
                 effects.append(Drain(name))
-            elif generation_of(name) == config.generation and name in self.table.draining:
-                self.table.undrain(name, dedicated=is_dedicated(name))  # still there from before the rollback
+            elif generation_of(name) == config.generation and name in self._table.draining:
+                self._table.undrain(name, dedicated=is_dedicated(name))  # still there from before the rollback
                 effects.append(Undrain(name))
         return effects + self._close_generation_if_empty(current.generation)
 
