@@ -13,11 +13,12 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 
 from actors.conversation import Runtime
-from actors.hosting.backend import AckStatus, Command, ConfigurationReplaced, Export, Opened, Owner, SetMode
+from actors.hosting.backend import AckStatus, Command, ConfigurationReplaced, Export, Opened, SetMode
 from actors.hosting.export import export_log
 from actors.hosting.host import HostCore
 from actors.hosting.owners import Owners, deletion_key
 from actors.hosting.subscription import replay_then_live
+from actors.identity import Owner
 from actors.llm.stream import warm_up
 from actors.profile import AgentProfile
 from actors.quotas import TenantUsage
