@@ -296,7 +296,7 @@ class Conversation:
 
     def stream(self, messages: list[dict[str, str]], models: Sequence[str] | None = None) -> AsyncIterator[StreamItem]:
         """One model call: the profile's model and fallbacks, or `models` (a continuation that moved on)."""
-        # Exact usage costs LiteLLM's end-of-stream rebuild (actors/llm/stream.py): asked for only
+        # Exact usage costs LiteLLM's end-of-stream rebuild (actors/llm/lite.py): asked for only
         # when a token quota can refuse something; otherwise characters are counted.
         usage = {"include_usage": True} if self._exact_usage else {}
         items: AsyncIterator[StreamItem] = self.runtime.stream_model(

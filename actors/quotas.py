@@ -102,7 +102,7 @@ KEEP_WINDOWS_S: Final = 2 * DAY
 
 
 class Caller(Protocol):
-    """Who is charged: an `Owner` (`actors.hosting.backend`) fits."""
+    """Who is charged: an `Owner` (`actors.identity`) fits."""
 
     @property
     def tenant(self) -> str: ...

@@ -486,14 +486,15 @@ class Operator:
 
         from actors.ray import names
         from actors.ray.directory import Directory
+        from actors.ray.singletons import get_or_create
         from actors.ray.tool_pool import ToolPoolActor
         from gateway.app import agent_setup, ray_config
         from gateway.settings import Settings
 
         on_head = NodeAffinitySchedulingStrategy(self.head_id, soft=False)
         config = ray_config(settings := Settings(**serve_settings), agent_setup(settings))
-        directory = names.get_or_create(Directory, names.DIRECTORY_NAME, scheduling_strategy=on_head)
-        names.get_or_create(ToolPoolActor, names.tool_pool(config.generation), config, scheduling_strategy=on_head)
+        directory = get_or_create(Directory, names.DIRECTORY_NAME, scheduling_strategy=on_head)
+        get_or_create(ToolPoolActor, names.tool_pool(config.generation), config, scheduling_strategy=on_head)
 
         @self.ray.remote(num_cpus=head_cpus)
         class HeadCpus:

@@ -73,8 +73,9 @@ except ImportError:  # pragma: no cover - fall back to /proc
     psutil = None
 
 from actors.conversation import Runtime
-from actors.hosting.backend import Owner, SetMode, UserMessage
+from actors.hosting.backend import SetMode, UserMessage
 from actors.hosting.local import LocalBackend
+from actors.identity import Owner
 from actors.llm.scripts import parse_script, register_script
 from actors.llm.stream import stream_model
 from actors.profile import AgentProfile, parse_profile
@@ -179,7 +180,7 @@ async def activate_idle(backend: Any, agent: str = "idle") -> tuple[str, float]:
 
 
 async def host_stats(backend: RayBackend) -> list[dict[str, Any]]:
-    names = await backend._directory.hosts.remote()
+    names = await backend.hosts()
     return [await ray.get_actor(n, namespace=NAMESPACE).stats.remote() for n in names]
 
 
@@ -273,7 +274,7 @@ async def dedicated_idle(config: RayConfig, d: int) -> dict[str, Any]:
             handle = ray.get_actor(name, namespace=NAMESPACE)
             _, incarnation = await handle.identity.remote()
             ray.kill(handle)
-            await backend._directory.host_failed.remote(name, incarnation)
+            await ray.get_actor(DIRECTORY_NAME, namespace=NAMESPACE).host_failed.remote(name, incarnation)
     return {
         "d": d, "latency_mean": statistics.fmean(latencies), "latency_median": statistics.median(latencies),
         "latency_max": max(latencies), "rss": statistics.median(rsss),
@@ -400,7 +401,7 @@ async def ready_hosts(backend: RayBackend, count: int) -> list[dict[str, Any]]:
     deadline = time.monotonic() + CRASH_TIMEOUT_S
     while True:
         try:
-            names = await backend._directory.hosts.remote()
+            names = await backend.hosts()
             if len(names) >= count:
                 return list(await asyncio.gather(
                     *(ray.get_actor(n, namespace=NAMESPACE).stats.remote() for n in names)))

@@ -48,9 +48,10 @@ def main() -> int:
     import litellm
     from litellm.llms.custom_llm import CustomLLM
 
+    from actors.llm.lite import LEAN_SETTINGS
     from actors.llm.scripted import ensure_registered
     from actors.llm.scripts import Round, Script, register_script
-    from actors.llm.stream import LEAN_SETTINGS, stream_model
+    from actors.llm.stream import stream_model
 
     class Raw(CustomLLM):
         async def astreaming(self, *args, **kwargs):  # type: ignore[no-untyped-def, override]

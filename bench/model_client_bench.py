@@ -7,9 +7,9 @@ not counted (OpenAI-compatible: `reactgate mock-llm --script F --port 0`; Anthro
 script's `--serve-anthropic` mode, playing the test transcript format of tests/fixtures/anthropic_sse.py).
 Clients, each a whole call consumed as `stream_model` consumes it:
 
-- litellm:       `litellm.acompletion(stream=True)` in its lean configuration (`stream.LEAN_SETTINGS`),
+- litellm:       `litellm.acompletion(stream=True)` in its lean configuration (`lite.LEAN_SETTINGS`),
                  stopped at the finish chunk and closed;
-- fast:          `actors.llm.fast.fast_stream` (aiohttp, hand-framed SSE, msgspec structs);
+- fast:          `actors.llm.fast.fast_stream` (aiohttp, sans-I/O SSE decoders, msgspec structs);
 - floor aiohttp: a bare reader on the same transport: aiohttp `readany`, split at blank lines,
                  one msgspec decode per event, count the text — nothing else;
 - floor httpx:   the same on httpx (`aiter_raw`), the reader the issue names as the floor.
@@ -48,8 +48,11 @@ import httpx  # noqa: E402
 import msgspec  # noqa: E402
 from aiohttp import web  # noqa: E402
 
-from actors.llm.fast import FastDelta, aclose_sessions, fast_stream  # noqa: E402
+from actors.llm.call import ModelCall  # noqa: E402
+from actors.llm.deltas import ModelDelta  # noqa: E402
+from actors.llm.fast import fast_stream  # noqa: E402
 from actors.llm.scripts import CALL_INDEX_HEADER, CONVERSATION_HEADER  # noqa: E402
+from actors.llm.transport import aclose_sessions  # noqa: E402
 from tests.fixtures.anthropic_sse import serve, transcript_events  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "Tell me about the weather in Paris."}]
@@ -214,15 +217,16 @@ async def floor_httpx(t: Target, round_: int, client: httpx.AsyncClient) -> int:
 
 async def fast(t: Target, round_: int, _: Any) -> int:
     n = 0
-    async for item in fast_stream(t.model, MESSAGES, headers=call_headers(round_), settings={}, api_base=t.api_base,
-                                  api_key="sk-bench", max_tokens=4096):
-        if type(item) is FastDelta:
+    call = ModelCall.resolve(t.model, MESSAGES, {}, conversation_id="bench", call_index=round_, api_base=t.api_base,
+                             api_key="sk-bench", max_tokens=4096, include_usage=True)
+    async for item in fast_stream(call):
+        if type(item) is ModelDelta:
             n += 1
     return n
 
 
 async def litellm_wrapper(t: Target, round_: int, _: Any) -> int:
-    from actors.llm.stream import litellm_module
+    from actors.llm.lite import litellm_module
 
     n = 0
     stream = await litellm_module().acompletion(
@@ -272,7 +276,7 @@ def verdict(ok: bool) -> str:
 
 
 async def run(args: argparse.Namespace, bases: dict[str, str]) -> int:
-    from actors.llm.stream import LEAN_SETTINGS, litellm_module
+    from actors.llm.lite import LEAN_SETTINGS, litellm_module
 
     litellm_module()
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))

@@ -8,7 +8,7 @@ then a long streamed answer. Each model call is served by one of two readers:
 
 - direct:  `stream_model` plays the script itself (the default for `scripted/<name>`);
 - litellm: the custom provider through `litellm.acompletion(stream=True)` → `CustomStreamWrapper`
-  in its lean configuration (`actors.llm.stream.LEAN_SETTINGS`, stop at the finish chunk), chosen
+  in its lean configuration (`actors.llm.lite.LEAN_SETTINGS`, stop at the finish chunk), chosen
   with the model setting `stream_reader = "litellm"`.
 
 For each reader:
@@ -45,8 +45,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from actors.conversation import Conversation, ConversationState, Runtime
 from actors.eventlog import EventLog
+from actors.llm.lite import LEAN_SETTINGS
 from actors.llm.scripts import Script, parse_script, register_script
-from actors.llm.stream import LEAN_SETTINGS, stream_model
+from actors.llm.stream import stream_model
 from actors.profile import ModelSettings, demo_profile
 from actors.tools.demo import demo_registry, fixed_clock
 from actors.tools.executor import LocalToolExecutor

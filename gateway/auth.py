@@ -35,7 +35,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from pydantic import SecretStr
 
-from actors.hosting.backend import Owner
+from actors.identity import Owner
 from gateway.settings import Settings
 
 ANONYMOUS = Owner(tenant="local", sub="local")

@@ -33,7 +33,8 @@ from typing import Protocol
 from opentelemetry.context import Context
 from websockets.exceptions import ConnectionClosed
 
-from actors.hosting.backend import Backend, Export, Forbidden, Owner
+from actors.hosting.backend import Backend, Export, Forbidden
+from actors.identity import Owner
 from gateway.limits import BadFrameCounter, SessionLimits, TokenBucket
 from gateway.metrics import GatewayMetrics
 from protocol.events import ConversationDeleted, Event

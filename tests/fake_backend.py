@@ -22,12 +22,12 @@ from actors.hosting.backend import (
     ConfigurationReplaced,
     Forbidden,
     Opened,
-    Owner,
     SetMode,
     Steer,
     UnknownAgent,
     UserMessage,
 )
+from actors.identity import Owner
 from protocol.events import Event
 
 AGENTS = frozenset({"demo"})

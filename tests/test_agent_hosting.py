@@ -26,8 +26,9 @@ import ray
 
 from actors.agent import Agent, load_agent
 from actors.conversation import Runtime
-from actors.hosting.backend import Owner, UserMessage
+from actors.hosting.backend import UserMessage
 from actors.hosting.local import LocalBackend
+from actors.identity import Owner
 from actors.llm.scripts import register_script
 from actors.llm.stream import stream_model
 from actors.ray.backend import RayBackend

@@ -23,7 +23,8 @@ from aiohttp import web
 from actors.agent import load_agent
 from actors.catalog import Safety, Trait
 from actors.context import system_prompt
-from actors.hosting.backend import Owner, UserMessage
+from actors.hosting.backend import UserMessage
+from actors.identity import Owner
 from actors.llm.mock_server import make_app
 from actors.llm.scripts import parse_script
 from actors.profile import ProfileError

@@ -86,10 +86,10 @@ async def held_by(server: LocalServer, cid: str) -> list[str]:
     from actors.ray.names import NAMESPACE
 
     held = []
-    for name in await backend._directory.hosts.remote():
+    for name in await backend.hosts():
         if cid in (await ray.get_actor(name, namespace=NAMESPACE).stats.remote())["active_ids"]:
             held.append(name)
-    if await backend._directory.holder.remote(cid) is not None:
+    if await backend.holder(cid) is not None:
         held.append("directory")
     return held
 

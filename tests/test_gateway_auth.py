@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from pydantic import SecretStr
 
-from actors.hosting.backend import Owner
+from actors.identity import Owner
 from gateway.auth import (
     ANONYMOUS,
     AuthConfigError,

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from actors.hosting.backend import Owner
+from actors.identity import Owner
 from gateway.limits import session_limits
 from gateway.metrics import GatewayMetrics
 from gateway.session import CONTROL_HEADROOM, Session

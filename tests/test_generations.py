@@ -22,7 +22,8 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 import ray
 
-from actors.hosting.backend import ConfigurationReplaced, Owner, UserMessage
+from actors.hosting.backend import ConfigurationReplaced, UserMessage
+from actors.identity import Owner
 from actors.profile import AgentProfile, parse_profile
 from actors.ray.backend import RayBackend
 from actors.ray.config import RayConfig
@@ -218,7 +219,7 @@ async def test_a_changed_profile_reaches_existing_conversations_and_the_turn_in_
         early = Watch(v1, cid, owner=OWNER)
         assert await v1.command(OWNER, cid, UserMessage("m1", "weather?")) == "accepted"
         await early.until_event("answer.delta")   # the old profile's answer is streaming (40 ms a chunk)
-        old_host = await v1._directory.holder.remote(cid)
+        old_host = await v1.holder(cid)
         assert generation_of(old_host) == config_v1.generation
 
         v2 = await _started(config_v2)           # the profile changed, the store did not
@@ -235,7 +236,7 @@ async def test_a_changed_profile_reaches_existing_conversations_and_the_turn_in_
         await late.until_event("turn.completed", 2)
         assert answers(late) == [ANSWER_A, ANSWER_B]   # the next turn runs under the new profile
         assert contiguous(late.events)
-        holder = await v2._directory.holder.remote(cid)
+        holder = await v2.holder(cid)
         assert generation_of(holder) == config_v2.generation
         stored = await v2.store.read_events(cid, 0, 10_000)
         assert [(e.seq, e.event) for e in stored] == [(e.seq, e.event) for e in late.events]

@@ -22,8 +22,9 @@ import ray
 from ray.exceptions import ActorUnavailableError
 
 from actors.conversation import Runtime
-from actors.hosting.backend import Answer, Owner, SetMode, UserMessage
+from actors.hosting.backend import Answer, SetMode, UserMessage
 from actors.hosting.local import LocalBackend
+from actors.identity import Owner
 from actors.llm.scripts import register_script
 from actors.llm.stream import stream_model
 from actors.profile import AgentProfile, parse_profile
@@ -311,7 +312,7 @@ def _cancel() -> Any:
 async def ray_backend(ray_cluster: Any, store_url: str, script_files: dict[str, str]) -> AsyncIterator[RayBackend]:
     backend = await _ray_backend(store_url, script_files)
     yield backend
-    await backend._directory.ensure_hosts.remote(2, backend.config)  # replace any host a test killed
+    await backend.ensure_hosts()  # replace any host a test killed
     await backend.stop()
 
 
@@ -336,7 +337,7 @@ async def test_single_activation_under_concurrent_first_messages_from_two_gatewa
         )
         assert results == ["accepted", "accepted"]
         active_on = []
-        for name in await ray_backend._directory.hosts.remote():
+        for name in await ray_backend.hosts():
             stats = await ray.get_actor(name, namespace=NAMESPACE).stats.remote()
             if cid in stats["active_ids"]:
                 active_on.append(name)
@@ -491,7 +492,7 @@ async def test_dedicated_placement_runs_one_named_actor_per_conversation(
             return False
 
         await _until(lambda: _async_value(gone()), bool)
-        assert dedicated_host(generation, first) not in await backend._directory.hosts.remote()
+        assert dedicated_host(generation, first) not in await backend.hosts()
     finally:
         with contextlib.suppress(ValueError):
             ray.kill(ray.get_actor(dedicated_host(generation, first), namespace=NAMESPACE))

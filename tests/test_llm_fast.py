@@ -1,7 +1,8 @@
 """The fast stream path (actors/llm/fast.py): the same answers, finish reasons and error kinds as
 LiteLLM's stream wrapper, read off the wire by us (docs/design.md#fallback).
 
-The readers are checked on byte strings cut anywhere; the whole path against `reactgate mock-llm`
+The decoders are checked on byte strings cut anywhere (here, and in tests/test_llm_wire.py); the
+whole path against `reactgate mock-llm`
 (OpenAI-compatible SSE) and a recorded Anthropic Messages stream on loopback, each next to
 `litellm.acompletion(stream=True)` on the same server.
 """
@@ -21,29 +22,18 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from actors.llm.errors import ProviderError
-from actors.llm.fast import (
-    FAST_SETTINGS,
-    PROVIDER_WIRES,
-    STATUS_KINDS,
-    STREAM_READER,
-    AnthropicMessagesReader,
-    FastDelta,
-    FastFinish,
-    OpenAIChatReader,
-    SSEReader,
-    Usage,
-    Wire,
-    aclose_sessions,
-    build_request,
-    classify,
-    fast_path_supports,
-    fast_stream,
-    without_reader_setting,
-)
+from actors.llm.anthropic_wire import AnthropicMessagesDecoder
+from actors.llm.call import STREAM_READER, ModelCall
+from actors.llm.deltas import ModelDelta, ModelFinished
+from actors.llm.errors import STATUS_KINDS, ErrorKind, ProviderError, Usage, classify, error_kind
+from actors.llm.fast import Decoder, fast_stream
+from actors.llm.lite import litellm_module
 from actors.llm.mock_server import STATS, start_mock_server
-from actors.llm.scripts import CALL_INDEX_HEADER, CONVERSATION_HEADER, ErrorKind, Round, Script
-from actors.llm.stream import error_kind, litellm_module
+from actors.llm.openai_wire import OpenAIChatDecoder
+from actors.llm.request import FAST_SETTINGS, build_request, fast_path_supports
+from actors.llm.scripts import CALL_INDEX_HEADER, CONVERSATION_HEADER, Round, Script
+from actors.llm.transport import aclose_sessions
+from actors.llm.wires import PROVIDER_WIRES, Wire
 from tests.fixtures.anthropic_sse import (
     RECORDED,
     RECORDED_TEXT,
@@ -78,16 +68,22 @@ class Outcome:
     after_first_delta: bool | None = None
 
 
+def attempt(model: str, *, settings: dict[str, Any] | None = None, api_key: str | None = KEY,
+            include_usage: bool = True, conversation_id: str = "conv", call_index: int = 0, **kw: Any) -> ModelCall:
+    """The call `stream_model` would make (HEADERS: conversation "conv", call 0), usage asked for."""
+    return ModelCall.resolve(model, MESSAGES, settings or {}, conversation_id=conversation_id, call_index=call_index,
+                             api_key=api_key, include_usage=include_usage, **kw)
+
+
 async def fast_outcome(model: str, api_base: str, **kw: Any) -> tuple[Outcome, list[Any]]:
     items: list[Any] = []
     try:
-        async for item in fast_stream(model, MESSAGES, headers=HEADERS, settings=kw.pop("settings", {}),
-                                      api_base=api_base, api_key=kw.pop("api_key", KEY), **kw):
+        async for item in fast_stream(attempt(model, api_base=api_base, **kw)):
             items.append(item)
     except ProviderError as exc:
         text = "".join(i.text for i in items)
         return Outcome(text, error=exc.kind, after_first_delta=exc.after_first_delta), items
-    assert all(type(i) is FastDelta for i in items[:-1]) and type(items[-1]) is FastFinish
+    assert all(type(i) is ModelDelta for i in items[:-1]) and type(items[-1]) is ModelFinished
     return Outcome("".join(i.text for i in items[:-1]), finish=items[-1].finish_reason), items
 
 
@@ -143,11 +139,11 @@ def openai_stream(deltas: Sequence[str], finish: str = "stop", *, usage: tuple[i
     return (body.replace("\n", "\r\n") if crlf else body).encode()
 
 
-def read_all(reader: SSEReader, data: bytes, cuts: Sequence[int] = ()) -> list[str]:
+def read_all(reader: Decoder, data: bytes, cuts: Sequence[int] = ()) -> list[str]:
     texts: list[str] = []
     start = 0
     for cut in [*sorted(cuts), len(data)]:
-        texts += reader.feed(data[start:cut])
+        texts += [delta.text for delta in reader.feed(data[start:cut])]
         start = cut
     return texts
 
@@ -162,7 +158,7 @@ def test_openai_reader_yields_the_same_deltas_however_the_bytes_are_cut(
     deltas: list[str], cuts: list[int], crlf: bool
 ) -> None:
     data = openai_stream(deltas, "length", usage=(7, 3), crlf=crlf)
-    reader = OpenAIChatReader()
+    reader = OpenAIChatDecoder()
     assert read_all(reader, data, [c % (len(data) + 1) for c in cuts]) == [d for d in deltas if d]
     assert (reader.done, reader.failure, reader.finish_reason, reader.usage) == (True, None, "length", Usage(7, 3))
 
@@ -171,26 +167,26 @@ def test_openai_reader_yields_the_same_deltas_however_the_bytes_are_cut(
 @given(cuts=cuts_st)
 def test_anthropic_reader_yields_the_recorded_text_however_the_bytes_are_cut(cuts: list[int]) -> None:
     data = RECORDED.read_bytes()
-    reader = AnthropicMessagesReader()
+    reader = AnthropicMessagesDecoder()
     assert "".join(read_all(reader, data, [c % (len(data) + 1) for c in cuts])) == RECORDED_TEXT
     assert (reader.done, reader.finish_reason, reader.usage) == (True, "end_turn", Usage(*RECORDED_USAGE))
 
 
 def test_keepalives_role_chunks_and_empty_deltas_yield_nothing() -> None:
-    reader = OpenAIChatReader()
+    reader = OpenAIChatDecoder()
     data = (b": keep-alive\n\n" b'data: {"choices":[{"index":0,"delta":{"role":"assistant"}}]}\n\n'
             b'data: {"choices":[{"index":0,"delta":{"content":""}}]}\n\n' b": ping\n\n"
             b'data:{"choices":[{"index":0,"delta":{"content":"x"}}]}\n\n')   # `data:` without its space
-    assert reader.feed(data) == ["x"]
+    assert reader.feed(data) == [ModelDelta("x")]
     assert reader.events == 3   # the comments are keep-alives: the idle timer does not count them
 
 
 def test_an_error_event_ends_the_stream_after_the_deltas_before_it() -> None:
-    reader = OpenAIChatReader()
+    reader = OpenAIChatDecoder()
     data = openai_stream(["ab", "cd"]).split(b'data: {"id": "chatcmpl-1", "object": "chat.completion.chunk", '
                                              b'"created": 0, "model": "m", "choices": [{"index": 0, "delta": {}')[0]
     data += b'event: error\ndata: {"error": {"message": "Rate limit reached (429)", "type": "rate_limit"}}\n\n'
-    assert reader.feed(data) == ["ab", "cd"]
+    assert reader.feed(data) == [ModelDelta("ab"), ModelDelta("cd")]
     assert reader.failure is not None and (reader.failure.kind, reader.failure.message) == (
         "rate_limit", "Rate limit reached (429)")
 
@@ -244,13 +240,14 @@ def test_the_provider_set() -> None:
     ("not-a-provider/x", {}, None, False),
 ])
 def test_which_calls_take_the_fast_path(model: str, model_settings: dict[str, Any], api_base: str | None,
-                                        expected: bool) -> None:
+                                        expected: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     litellm_module()
-    assert fast_path_supports(model, model_settings, api_base=api_base) is expected
+    monkeypatch.setenv("K", "sk-k")   # the key variable the settings name, read when the call is resolved
+    assert fast_path_supports(attempt(model, settings=model_settings, api_key=None, api_base=api_base)) is expected
 
 
 def test_the_reader_setting_never_reaches_litellm() -> None:
-    assert without_reader_setting({STREAM_READER: "litellm", "temperature": 0.1}) == {"temperature": 0.1}
+    assert attempt("openai/x", settings={STREAM_READER: "litellm", "temperature": 0.1}).params == {"temperature": 0.1}
     assert STREAM_READER in FAST_SETTINGS
 
 
@@ -289,9 +286,8 @@ async def test_an_exhausted_script_is_script_exhausted_on_both_paths() -> None:
     runner, port = await start_mock_server(script(Round(text="once")))
     base = f"http://127.0.0.1:{port}/v1"
     try:
-        headers = {CONVERSATION_HEADER: "c", CALL_INDEX_HEADER: "1"}
         with pytest.raises(ProviderError) as err:
-            async for _ in fast_stream("openai/x", MESSAGES, headers=headers, settings={}, api_base=base, api_key=KEY):
+            async for _ in fast_stream(attempt("openai/x", conversation_id="c", call_index=1, api_base=base)):
                 pass
     finally:
         await runner.cleanup()
@@ -331,8 +327,7 @@ async def test_closing_early_aborts_the_generation() -> None:
     stats = runner.app[STATS]
     try:
         got: list[Any] = []
-        gen = fast_stream("openai/x", MESSAGES, headers=HEADERS, settings={}, api_base=f"http://127.0.0.1:{port}/v1",
-                          api_key=KEY)
+        gen = fast_stream(attempt("openai/x", api_base=f"http://127.0.0.1:{port}/v1"))
         async with aclosing(gen):
             async for item in gen:
                 got.append(item)
@@ -340,7 +335,7 @@ async def test_closing_early_aborts_the_generation() -> None:
                     break
         await stats.wait_until(lambda s: s.streams_aborted == 1)
         assert stats.streams_completed == 0
-        assert got == [FastDelta("z")] * 3
+        assert got == [ModelDelta("z")] * 3
     finally:
         await runner.cleanup()
 
@@ -361,8 +356,7 @@ async def test_time_spent_by_the_consumer_does_not_count_as_silence() -> None:
     runner, port = await start_mock_server(script(Round(deltas=("ab", "cd", "ef"))))
     try:
         got: list[Any] = []
-        async for item in fast_stream("openai/x", MESSAGES, headers=HEADERS, settings={}, idle_timeout_s=0.1,
-                                      api_base=f"http://127.0.0.1:{port}/v1", api_key=KEY):
+        async for item in fast_stream(attempt("openai/x", idle_timeout_s=0.1, api_base=f"http://127.0.0.1:{port}/v1")):
             got.append(item)
             await asyncio.sleep(0.25)   # the round engine busy with a delta, longer than the idle timeout
     finally:
@@ -426,7 +420,7 @@ async def test_usage_is_reported_when_the_provider_sends_it() -> None:
     finally:
         await runner.cleanup()
     assert items[-1].usage is not None and items[-1].usage.completion_tokens > 0
-    assert without[-1] == FastFinish("stop", None)
+    assert without[-1] == ModelFinished("stop", "openai/x", None)
 
 
 def free_port() -> int:
@@ -547,8 +541,8 @@ async def test_the_key_comes_from_api_key_env_and_never_shows_in_an_error(monkey
     runner, port = await serve(app)
     try:
         with pytest.raises(ProviderError) as err:
-            async for _ in fast_stream("openai/x", MESSAGES, headers=HEADERS, settings={"api_key_env": "FAST_TEST_KEY"},
-                                       api_base=f"http://127.0.0.1:{port}/v1"):
+            async for _ in fast_stream(attempt("openai/x", settings={"api_key_env": "FAST_TEST_KEY"}, api_key=None,
+                                               api_base=f"http://127.0.0.1:{port}/v1")):
                 pass
     finally:
         await runner.cleanup()
@@ -558,9 +552,9 @@ async def test_the_key_comes_from_api_key_env_and_never_shows_in_an_error(monkey
 
 
 async def test_a_missing_key_variable_is_auth_before_any_request() -> None:
-    with pytest.raises(ProviderError) as err:
-        async for _ in fast_stream("openai/x", MESSAGES, headers=HEADERS, settings={"api_key_env": "FAST_TEST_UNSET"},
-                                   api_base="http://127.0.0.1:9/v1"):
+    with pytest.raises(ProviderError) as err:   # refused when the call is resolved: nothing to send
+        async for _ in fast_stream(attempt("openai/x", settings={"api_key_env": "FAST_TEST_UNSET"}, api_key=None,
+                                           api_base="http://127.0.0.1:9/v1")):
             pass
     assert (err.value.kind, err.value.after_first_delta) == ("auth", False)
 
@@ -580,11 +574,21 @@ async def test_a_setting_the_provider_does_not_take_is_bad_request_on_both_paths
 
 def test_build_request_names_the_anthropic_messages_route() -> None:
     litellm_module()
-    request = build_request(CLAUDE, MESSAGES, headers=HEADERS, settings={}, api_base="http://127.0.0.1:1",
-                            api_key=KEY, max_tokens=10)
+    request = build_request(attempt(CLAUDE, api_base="http://127.0.0.1:1", max_tokens=10))
     assert request.url == "http://127.0.0.1:1/v1/messages"
     assert request.headers["x-api-key"] == KEY and request.route.wire is Wire.ANTHROPIC_MESSAGES
     assert json.loads(request.body)["system"] == [{"type": "text", "text": "Be brief."}]
+
+
+@pytest.mark.parametrize(("model", "base"), [("openai/x", "http://127.0.0.1:1/v1"), (CLAUDE, "http://127.0.0.1:1")])
+def test_a_calls_tools_reach_the_request_in_the_providers_format(model: str, base: str) -> None:
+    # Nothing fills ModelCall.tools yet (native tool calling will); the request already carries them.
+    litellm_module()
+    tool = {"type": "function", "function": {"name": "lookup", "description": "Look it up.",
+                                             "parameters": {"type": "object", "properties": {}}}}
+    sent_tools = json.loads(build_request(attempt(model, api_base=base, max_tokens=10, tools=[tool])).body)["tools"]
+    assert [t["function"]["name"] if model == "openai/x" else t["name"] for t in sent_tools] == ["lookup"]
+    assert "tools" not in json.loads(build_request(attempt(model, api_base=base, max_tokens=10)).body)
 
 
 # -- Anthropic Messages, from the recorded stream ------------------------------------------------
@@ -597,7 +601,7 @@ async def test_the_recorded_anthropic_stream_yields_its_text_finish_and_usage() 
     finally:
         await runner.cleanup()
     assert "".join(i.text for i in items[:-1]) == RECORDED_TEXT
-    assert items[-1] == FastFinish("stop", Usage(*RECORDED_USAGE))
+    assert items[-1] == ModelFinished("stop", CLAUDE, Usage(*RECORDED_USAGE))
 
 
 async def test_litellm_agrees_on_the_recorded_anthropic_stream() -> None:
@@ -643,8 +647,7 @@ async def test_closing_an_anthropic_stream_early_closes_the_response() -> None:
     served = Served()
     runner, port = await serve(messages_app(lambda: transcript_events(["x"] * 500), delay_s=0.002, served=served))
     try:
-        gen = fast_stream(CLAUDE, MESSAGES, headers=HEADERS, settings={}, api_base=f"http://127.0.0.1:{port}",
-                          api_key=KEY, max_tokens=1000)
+        gen = fast_stream(attempt(CLAUDE, api_base=f"http://127.0.0.1:{port}", max_tokens=1000))
         async with aclosing(gen):
             async for _ in gen:
                 break
@@ -657,10 +660,10 @@ async def test_closing_an_anthropic_stream_early_closes_the_response() -> None:
 def test_a_pooled_session_whose_loop_ended_unclosed_is_released_by_the_next_loop() -> None:
     # One pooled aiohttp session per event loop; a loop that ends without aclose_sessions() (a
     # test's) must not leave its session held forever nor reported unclosed by aiohttp.
-    from actors.llm import fast
+    from actors.llm import transport
 
     async def take() -> Any:
-        return fast._session()
+        return await transport.session()
 
     first = asyncio.new_event_loop()
     stale = first.run_until_complete(take())
@@ -668,7 +671,7 @@ def test_a_pooled_session_whose_loop_ended_unclosed_is_released_by_the_next_loop
     second = asyncio.new_event_loop()
     try:
         fresh = second.run_until_complete(take())
-        assert stale.closed and not fresh.closed and first not in fast._sessions
-        second.run_until_complete(fast.aclose_sessions())
+        assert stale.closed and not fresh.closed and first not in transport._sessions
+        second.run_until_complete(transport.aclose_sessions())
     finally:
         second.close()

@@ -20,11 +20,11 @@ from typing import Any
 import aiohttp
 import pytest
 
+from actors.llm.errors import ErrorKind
 from actors.llm.mock_server import STATS, MockStats, run_mock_server, start_mock_server
 from actors.llm.scripts import (
     CALL_INDEX_HEADER,
     CONVERSATION_HEADER,
-    ErrorKind,
     Round,
     Script,
     register_script,

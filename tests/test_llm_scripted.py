@@ -14,12 +14,11 @@ from typing import Any
 import pytest
 
 from actors.llm import scripts
+from actors.llm.errors import SCRIPT_EXHAUSTED, ErrorKind, error_kind
 from actors.llm.scripts import (
     CALL_INDEX_HEADER,
     CONVERSATION_HEADER,
     DEFAULT_CHUNK_CHARS,
-    SCRIPT_EXHAUSTED,
-    ErrorKind,
     Round,
     RoundFailed,
     Script,
@@ -37,8 +36,10 @@ MESSAGES = [{"role": "user", "content": "hi"}]
 
 @pytest.fixture(scope="module")
 def litellm() -> Any:
-    from actors.llm.stream import litellm_module
+    from actors.llm.lite import litellm_module
+    from actors.llm.scripted import ensure_registered
 
+    ensure_registered()   # what LiteLLM's reader does before it plays a scripted model
     return litellm_module()
 
 
@@ -265,8 +266,6 @@ async def test_delay_ms_sleeps_before_each_delta(litellm: Any) -> None:
 
 @pytest.mark.parametrize("kind", list(ErrorKind))
 async def test_error_round_raises_before_any_chunk(litellm: Any, kind: ErrorKind) -> None:
-    from actors.llm.stream import error_kind
-
     model = register_script(f"t-err-{kind.value}", Script(rounds=[Round(error=kind)]))
     stream = await litellm.acompletion(model=model, messages=MESSAGES, stream=True, extra_headers=headers(0))
     received = []
@@ -278,8 +277,6 @@ async def test_error_round_raises_before_any_chunk(litellm: Any, kind: ErrorKind
 
 
 async def test_error_after_content_streams_the_content_first(litellm: Any) -> None:
-    from actors.llm.stream import error_kind
-
     model = register_script("t-mid", Script(rounds=[Round(deltas=["ab", "cd"], error=ErrorKind.SERVER_ERROR)]))
     stream = await litellm.acompletion(model=model, messages=MESSAGES, stream=True, extra_headers=headers(0))
     received: list[str] = []
@@ -291,8 +288,6 @@ async def test_error_after_content_streams_the_content_first(litellm: Any) -> No
 
 
 async def test_exhausted_script_is_a_script_exhausted_provider_error(litellm: Any) -> None:
-    from actors.llm.stream import error_kind
-
     model = register_script("t-exh", Script(rounds=[Round(text="only")]))
     assert (await play(litellm, model, 0))[0] == ["only"]
     with pytest.raises(Exception) as err:
@@ -306,8 +301,6 @@ async def test_loop_script_plays_round_zero_after_the_last(litellm: Any) -> None
 
 
 async def test_unknown_script_is_a_not_found_provider_error(litellm: Any) -> None:
-    from actors.llm.stream import error_kind
-
     with pytest.raises(Exception) as err:
         await play(litellm, "scripted/never-registered", 0)
     assert error_kind(err.value) == "not_found"
@@ -328,8 +321,6 @@ async def test_closing_the_stream_early_closes_the_provider_generator(litellm: A
 
 
 async def test_read_timeout_shorter_than_the_delay_is_a_timeout(litellm: Any) -> None:
-    from actors.llm.stream import error_kind
-
     model = register_script("t-slow", Script(rounds=[Round(deltas=["late"], delay_ms=2000)]))
     start = time.monotonic()
     with pytest.raises(Exception) as err:

@@ -16,17 +16,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from actors.llm.errors import Usage
-from actors.llm.scripts import ErrorKind, Round, RoundUsage, Script, open_playbacks, register_script
+from actors.llm.call import ModelCall
+from actors.llm.direct_player import plays_directly
+from actors.llm.errors import ErrorKind, Usage
+from actors.llm.lite import LEAN_SETTINGS, litellm_module
+from actors.llm.scripts import Round, RoundUsage, Script, open_playbacks, register_script
 from actors.llm.stream import (
-    LEAN_SETTINGS,
     ModelDelta,
     ModelFallback,
     ModelFinished,
     ProviderError,
     StreamItem,
-    litellm_module,
-    plays_directly,
     stream_model,
 )
 
@@ -208,10 +208,13 @@ def test_lean_settings_are_applied_once_litellm_is_loaded() -> None:
 
 
 def test_scripted_models_are_played_directly_unless_their_settings_ask_for_litellm() -> None:
-    assert plays_directly("scripted/demo", {})
-    assert plays_directly("scripted/demo", {"stream_reader": "fast", "temperature": 0.2})
-    assert not plays_directly("scripted/demo", {"stream_reader": "litellm"})
-    assert not plays_directly("openai/gpt-4o", {})
+    def call(model: str, settings: dict[str, Any]) -> ModelCall:
+        return ModelCall.resolve(model, MESSAGES, settings, conversation_id="c", call_index=0)
+
+    assert plays_directly(call("scripted/demo", {}))
+    assert plays_directly(call("scripted/demo", {"stream_reader": "fast", "temperature": 0.2}))
+    assert not plays_directly(call("scripted/demo", {"stream_reader": "litellm"}))
+    assert not plays_directly(call("openai/gpt-4o", {}))
 
 
 @pytest.mark.parametrize("reader", READERS)

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from actors.hosting.backend import Owner
 from actors.hosting.meter import Meter
+from actors.identity import Owner
 from actors.llm.mock_server import start_mock_server
 from actors.llm.scripts import RoundUsage, parse_script
 from actors.llm.stream import ModelFinished, Usage, stream_model

@@ -34,12 +34,13 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 import ray
 
-from actors.hosting.backend import Owner, UserMessage
+from actors.hosting.backend import UserMessage
+from actors.identity import Owner
 from actors.llm.scripts import register_script
 from actors.profile import AgentProfile, parse_profile
 from actors.ray.backend import RayBackend
 from actors.ray.config import RayConfig
-from actors.ray.names import NAMESPACE
+from actors.ray.names import DIRECTORY_NAME, NAMESPACE
 from actors.tools.demo import demo_registry
 from protocol.events import Event
 from tests.roundkit import action, thinking
@@ -125,7 +126,7 @@ async def _turns_in_store(backend: RayBackend, cid: str, turns: int) -> bool:
 
 
 async def _host_pids(backend: RayBackend) -> list[int]:
-    names = await backend._directory.hosts.remote()
+    names = await backend.hosts()
     stats = await asyncio.gather(*(ray.get_actor(n, namespace=NAMESPACE).stats.remote() for n in names))
     return [int(s["pid"]) for s in stats]
 
@@ -149,15 +150,15 @@ class _VanishedHostFirst:
 
     def __init__(self, real: Any, times: int) -> None:
         self._real = real
-        self._times = times
+        self.times_left = times
         self.place = SimpleNamespace(remote=self._place)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
 
     async def _place(self, conversation_id: str, generation: str | None = None) -> str:
-        if self._times > 0:
-            self._times -= 1
+        if self.times_left > 0:
+            self.times_left -= 1
             return "reactgate-host-vanished"
         return str(await self._real.place.remote(conversation_id, generation))
 
@@ -167,16 +168,19 @@ async def test_a_route_to_a_host_that_no_longer_exists_is_retried_not_given_up(b
     # Directory, which still named a host whose actor was gone; `ray.get_actor` raised ValueError,
     # the re-watch gave up, and its subscriber stayed attached to nothing. Here the Directory names
     # such a host more times in a row than the old fixed number of attempts (5).
-    cid = (await backend.open(OWNER, None, "whole", None)).conversation_id
-    real = backend._directory
-    backend._directory = _VanishedHostFirst(real, times=8)
-    watch = Watch(backend, cid, owner=OWNER)
+    real = ray.get_actor(DIRECTORY_NAME, namespace=NAMESPACE)
+    vanished_first = _VanishedHostFirst(real, times=8)
+    gateway = RayBackend(backend.config, default_agent="crash", directory=vanished_first)
+    await gateway.start()
+    cid = (await gateway.open(OWNER, None, "whole", None)).conversation_id
+    watch = Watch(gateway, cid, owner=OWNER)
     try:
-        assert await backend.command(OWNER, cid, UserMessage(f"{cid}-1", "Weather?")) == "accepted"
+        assert await gateway.command(OWNER, cid, UserMessage(f"{cid}-1", "Weather?")) == "accepted"
         await watch.until(lambda evs: len(_completed(evs)) == 1, TURN_TIMEOUT_S)
     finally:
-        backend._directory = real
         await watch.stop()
+        await gateway.stop()
+    assert vanished_first.times_left == 0
     _check_turns(cid, watch.events, 1)
 
 

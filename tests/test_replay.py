@@ -20,8 +20,9 @@ import pytest
 
 from actors.catalog import Safety
 from actors.conversation import Runtime
-from actors.hosting.backend import Owner, Steer, UserMessage
+from actors.hosting.backend import Steer, UserMessage
 from actors.hosting.local import LocalBackend
+from actors.identity import Owner
 from actors.llm.scripts import parse_script, register_script
 from actors.llm.stream import stream_model
 from actors.profile import AgentProfile, load_profile

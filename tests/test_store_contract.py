@@ -11,7 +11,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from actors.hosting.backend import Owner
+from actors.identity import Owner
 from actors.store import (
     IDEMPOTENCY_TTL_S,
     ConversationExists,

@@ -8,7 +8,7 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from actors.hosting.backend import Owner
+from actors.identity import Owner
 from protocol.events import Event
 
 TIMEOUT = 90.0

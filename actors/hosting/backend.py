@@ -11,17 +11,10 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from actors.identity import Owner
 from actors.quotas import TenantUsage
 from protocol.events import Event
 from protocol.frames import Mode
-
-
-@dataclass(frozen=True, slots=True)
-class Owner:
-    """Who may open, watch and write to a conversation: `sub` + `tenant` of the JWT."""
-
-    tenant: str
-    sub: str
 
 
 class Forbidden(Exception):

@@ -34,13 +34,13 @@ from actors.hosting.backend import (
     Cancel,
     Command,
     Forbidden,
-    Owner,
     SetMode,
     Steer,
     UnknownAsk,
     UserMessage,
 )
 from actors.hosting.meter import Meter
+from actors.identity import Owner
 from actors.profile import AgentProfile
 from actors.quotas import QuotaExceeded, QuotaLimits
 from actors.recovery import recover

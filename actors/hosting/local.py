@@ -13,11 +13,12 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 
 from actors.conversation import Runtime
-from actors.hosting.backend import AckStatus, Command, ConfigurationReplaced, Export, Opened, Owner, SetMode
+from actors.hosting.backend import AckStatus, Command, ConfigurationReplaced, Export, Opened, SetMode
 from actors.hosting.export import export_log
 from actors.hosting.host import HostCore
 from actors.hosting.owners import Owners, deletion_key
 from actors.hosting.subscription import replay_then_live
+from actors.identity import Owner
 from actors.llm.stream import warm_up
 from actors.profile import AgentProfile
 from actors.quotas import TenantUsage
@@ -56,8 +57,8 @@ class LocalBackend:
         await self.store.close()
         if "actors.tools.mcp" in sys.modules:  # tools ran here: stop the MCP servers they started
             await sys.modules["actors.tools.mcp"].close_sessions()
-        if "actors.llm.fast" in sys.modules:   # models were read here: close the pooled HTTP session
-            await sys.modules["actors.llm.fast"].aclose_sessions()
+        if "actors.llm.transport" in sys.modules:   # models were read here: close the pooled HTTP session
+            await sys.modules["actors.llm.transport"].aclose_sessions()
 
     async def open(self, owner: Owner, conversation_id: str | None, agent: str | None, mode: str | None) -> Opened:
         conversation_id, created = await self.owners.open(

@@ -12,8 +12,9 @@ import json
 import secrets
 from collections.abc import Container
 
-from actors.hosting.backend import Forbidden, Owner, UnknownAgent
+from actors.hosting.backend import Forbidden, UnknownAgent
 from actors.hosting.meter import Meter
+from actors.identity import Owner
 from actors.store import Store
 
 MAX_CACHED = 100_000

@@ -1,7 +1,8 @@
 """Where a conversation lives: rendezvous hashing over live hosts, one activation at a time
 (docs/design.md#placement).
 
-Pure and synchronous; the Directory Ray actor (`actors/ray/directory.py`) is a shell around it.
+Pure and synchronous; the Directory's core (`actors/ray/directory_core.py`) wraps it, and the
+Directory Ray actor (`actors/ray/directory.py`) carries out what that core decides.
 The table is the single authority: a conversation is assigned to exactly one host until that host
 is reported dead, and only then re-placed — on the live host with the highest rendezvous weight, so
 a host's death moves only its own conversations.

@@ -1,733 +1,76 @@
-"""The fast stream path: one model attempt read off the wire by us, the request still built by LiteLLM.
+"""The fast reader: one model attempt read off the wire by us, the request still built by LiteLLM.
 
 Why: LiteLLM's streaming wrapper builds pydantic objects for every chunk (`CustomStreamWrapper` →
 `chunk_creator`), which made up more than 90% of a conversation's CPU (bench/model_client_bench.py
-measures it next to this path). What LiteLLM is good at — resolving a model string to its provider,
-endpoint, auth headers and request body — it still does, once per call, through its own provider
-configs (`get_llm_provider`, `ProviderConfigManager.get_provider_chat_config`, `get_optional_params`
-→ the config's `map_openai_params`, then `validate_environment`, `get_complete_url`,
-`transform_request`: the steps its `BaseLLMHTTPHandler` takes). The response is ours: one pooled
-aiohttp session per event loop, SSE framed by hand, every event decoded once into a typed msgspec
-struct, for two wire formats — OpenAI-compatible chat completions and Anthropic Messages.
+measures it next to this path). Here LiteLLM builds the request (`request.py`), we send it on the
+pooled session (`transport.py`) and feed the response's bytes to the wire's sans-I/O decoder
+(`DECODERS`: `openai_wire.py`, `anthropic_wire.py`), whose model deltas go to the caller as they are.
 
-`fast_stream` is one attempt of `stream_model` (docs/design.md#fallback): `FastDelta`s, then one
-`FastFinish` (finish reason, usage when the provider reports it), or a `ProviderError` carrying
-the same kinds LiteLLM's exception mapping gives (`STATUS_KINDS`, `_TEXT_RULES`). Fallback,
-call counting and salvage stay with `stream_model`. `fast_path_supports` says which calls may take
-this path; a model's settings opt out with `stream_reader = "litellm"` (`STREAM_READER`).
-
-This module imports nothing from `stream.py`, so that `stream.py` can import it.
+`fast_stream` is one attempt of `stream_model` (docs/design.md#fallback): `ModelDelta`s, then one
+`ModelFinished` (finish reason, usage when the provider reports it), or a `ProviderError` with the
+kinds LiteLLM's exception mapping gives for the same answer (`errors.py`). Fallback, call counting
+and salvage stay with `stream_model`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
-import copy
-import re
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
-from dataclasses import dataclass
-from enum import StrEnum
-from functools import lru_cache
-from types import ModuleType
-from typing import Any, Final
+from collections.abc import AsyncGenerator, Callable, Mapping
+from typing import Final, Protocol
 
 import aiohttp
-import msgspec
 
-from actors.llm.errors import ProviderError, Usage
-from actors.llm.keys import MissingKey, call_kwargs, scrub
-from actors.llm.scripts import ERROR_TABLE, PROVIDER, SCRIPT_EXHAUSTED
+from actors.llm.anthropic_wire import AnthropicMessagesDecoder
+from actors.llm.call import ModelCall
+from actors.llm.deltas import ModelDelta, ModelFinished, StreamItem
+from actors.llm.errors import SILENCE, Fault, ProviderError, Usage, answer_fault
+from actors.llm.keys import scrub
+from actors.llm.lite import litellm_part
+from actors.llm.openai_wire import OpenAIChatDecoder
+from actors.llm.request import build_request
+from actors.llm.transport import proxy_for, session
+from actors.llm.wires import Wire
 
-# -- what the path yields ------------------------------------------------------------------------
 
+class Decoder(Protocol):
+    """A wire's sans-I/O decoder: the bytes of each read in, the model deltas they complete out."""
 
-@dataclass(frozen=True, slots=True)
-class FastDelta:
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
-class FastFinish:
-    """The last item: the finish reason in OpenAI's vocabulary (LiteLLM's `map_finish_reason`:
-    Anthropic `end_turn`/`stop_sequence` → `stop`, `max_tokens` → `length`, …) and the usage the
-    provider reported (None when it reported none)."""
-
-    finish_reason: str
+    done: bool                  # the provider ended the answer
+    failure: Fault | None       # an error event (or an unreadable stream) ended it
+    events: int                 # events other than keep-alives so far
+    finish_reason: str | None   # as the provider said it
     usage: Usage | None
 
+    def feed(self, data: bytes) -> list[ModelDelta]: ...
 
-FastItem = FastDelta | FastFinish
-
-
-# -- which calls take the path -------------------------------------------------------------------
+    def end_reason(self) -> str | None: ...
 
 
-class Wire(StrEnum):
-    OPENAI_CHAT = "openai_chat"                  # POST …/chat/completions, `data: {chunk}` … `data: [DONE]`
-    ANTHROPIC_MESSAGES = "anthropic_messages"    # POST …/v1/messages, `event: <type>` + `data: {…}`
-
-
-# Providers whose LiteLLM chat config streams plain chat-completions SSE (an `OpenAIGPTConfig`
-# subclass that keeps its `OpenAIChatCompletionStreamingHandler`) or Anthropic Messages SSE.
-# Left to LiteLLM, on purpose: groq, openrouter, mistral, fireworks_ai, xai (each has its own stream
-# iterator); azure (deployment URLs, api-version, AD tokens; not an OpenAIGPTConfig); ollama_chat
-# (NDJSON, not SSE); perplexity (citations post-processed from the stream); every other provider.
-PROVIDER_WIRES: Final[Mapping[str, Wire]] = {
-    "openai": Wire.OPENAI_CHAT,
-    "hosted_vllm": Wire.OPENAI_CHAT,
-    "together_ai": Wire.OPENAI_CHAT,
-    "deepseek": Wire.OPENAI_CHAT,
-    "litellm_proxy": Wire.OPENAI_CHAT,
-    "lm_studio": Wire.OPENAI_CHAT,
-    "deepinfra": Wire.OPENAI_CHAT,
-    "cerebras": Wire.OPENAI_CHAT,
-    "nvidia_nim": Wire.OPENAI_CHAT,
-    "anthropic": Wire.ANTHROPIC_MESSAGES,
+DECODERS: Final[Mapping[Wire, Callable[[], Decoder]]] = {
+    Wire.OPENAI_CHAT: OpenAIChatDecoder,
+    Wire.ANTHROPIC_MESSAGES: AnthropicMessagesDecoder,
 }
 
-# A model setting of ours, never sent to a provider: "fast" (the default) or "litellm" (this model's
-# calls go through LiteLLM's own stream wrapper — for a provider whose stream we misread, or to
-# compare the two). `stream_model` removes it before the settings reach LiteLLM.
-STREAM_READER: Final = "stream_reader"
-READERS: Final = ("fast", "litellm")   # its values; anything but "fast" keeps a model off this path
+DRAIN_S: Final = 1.0
+ERROR_BODY_BYTES: Final = 64 << 10
 
-# The settings this path knows how to send (docs/design.md#model-settings): any other key is a LiteLLM
-# parameter we would have to re-implement (tools, response_format, api_version, extra_body, …), so
-# a model that has one goes through LiteLLM.
-FAST_SETTINGS: Final = frozenset({
-    "api_base", "api_key_env", STREAM_READER, "timeout",
-    "temperature", "top_p", "top_k", "max_tokens", "max_completion_tokens", "stop",
-    "presence_penalty", "frequency_penalty", "seed", "user",
-})
 
+class _Failed(Exception):
+    """The attempt failed with `fault`; raised inside `fast_stream`, reported as a `ProviderError`."""
 
-def without_reader_setting(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """`settings` as LiteLLM may receive them: without our `stream_reader`."""
-    return {k: v for k, v in settings.items() if k != STREAM_READER}
-
-
-@dataclass(frozen=True, slots=True)
-class Route:
-    """A model string resolved by LiteLLM: the provider's name for the model, the provider, the wire."""
-
-    model: str
-    provider: str
-    wire: Wire
-    api_base: str   # the base LiteLLM resolved (argument, settings or the provider's default)
-
-
-def fast_path_supports(model: str, settings: Mapping[str, Any] | None = None, *, api_base: str | None = None) -> bool:
-    """Whether `fast_stream` can make this call exactly as LiteLLM would: a provider in
-    `PROVIDER_WIRES` (never `scripted/…`), only `FAST_SETTINGS`, no `stream_reader = "litellm"`, and
-    an endpoint LiteLLM can name. `api_base` is `stream_model`'s argument (settings win over it)."""
-    settings = settings or {}
-    if settings.get(STREAM_READER, "fast") != "fast" or not FAST_SETTINGS.issuperset(settings):
-        return False
-    if model.startswith(f"{PROVIDER}/"):
-        return False
-    base = settings.get("api_base", api_base)
-    return route(model, base if isinstance(base, str) else None) is not None
-
-
-# -- errors → kinds ------------------------------------------------------------------------------
-#
-# The kinds LiteLLM 1.110's exception mapping gives for the same answers (checked against the wrapper
-# by tests/test_llm_fast.py), so a profile's fallbacks and notices read the same on both paths. A
-# status first meets the text rules (LiteLLM classifies by the error text before the status), then
-# the status tables; a mid-stream error has no status on the OpenAI wire (the SDK raises a bare
-# APIError: anything unmatched is `connection`, MID_STREAM_MESSAGES in mock_server.py relies on it)
-# and 500 on the Anthropic wire (LiteLLM's AnthropicError for an `error` event).
-
-_BASE_STATUS: Final = {status: kind.value for kind, (status, _) in ERROR_TABLE.items()}
-STATUS_KINDS: Final[Mapping[Wire, Mapping[int, str]]] = {
-    Wire.OPENAI_CHAT: {**_BASE_STATUS, 422: "bad_request", 502: "server_error", 504: "timeout"},
-    Wire.ANTHROPIC_MESSAGES: {**_BASE_STATUS, 403: "auth", 413: "bad_request", 502: "server_error",
-                              504: "timeout", 529: "server_error"},
-}
-# Statuses neither table names: LiteLLM's OpenAI mapping raises a plain APIError (→ server_error)
-# for any of them, its Anthropic mapping a BadRequestError for a 4xx.
-OTHER_STATUS_KIND: Final[Mapping[Wire, Callable[[int], str]]] = {
-    Wire.OPENAI_CHAT: lambda status: "server_error",
-    Wire.ANTHROPIC_MESSAGES: lambda status: "bad_request" if 400 <= status < 500 else "server_error",
-}
-
-_TIMEOUT_TEXTS: Final = ("Request Timeout Error", "Request timed out", "Timed out generating response",
-                         "The read operation timed out")
-_OPENAI, _ANTHROPIC = frozenset({Wire.OPENAI_CHAT}), frozenset({Wire.ANTHROPIC_MESSAGES})
-_BOTH: Final = _OPENAI | _ANTHROPIC
-
-
-def _checkers() -> Any:
-    from litellm.litellm_core_utils.exception_mapping_utils import ExceptionCheckers
-
-    return ExceptionCheckers
-
-
-def _invalid_request(status: int | None) -> str:
-    return {401: "auth", 404: "not_found"}.get(status or 0, "bad_request")
-
-
-# (wires, test on (text, status), kind or kind-from-status), in LiteLLM's order; the first match wins.
-_TEXT_RULES: Final[Sequence[tuple[frozenset[Wire], Callable[[str, int | None], bool], Callable[[int | None], str]]]] = (
-    (_BOTH, lambda t, s: SCRIPT_EXHAUSTED in t, lambda s: SCRIPT_EXHAUSTED),       # stream.error_kind's first rule
-    (_BOTH, lambda t, s: any(x in t for x in _TIMEOUT_TEXTS), lambda s: "timeout"),
-    (_OPENAI, lambda t, s: _checkers().is_error_str_rate_limit(t, status_code=s), lambda s: "rate_limit"),
-    (_OPENAI, lambda t, s: _checkers().is_error_str_context_window_exceeded(t), lambda s: "context_window_exceeded"),
-    (_OPENAI, lambda t, s: "invalid_request_error" in t and "model_not_found" in t, lambda s: "not_found"),
-    (_OPENAI, lambda t, s: "A timeout occurred" in t, lambda s: "timeout"),
-    (_OPENAI, lambda t, s: ("invalid_request_error" in t and "content_policy_violation" in t)
-     or "request was rejected as a result of the safety system" in t.lower(), lambda s: "content_policy"),
-    (_OPENAI, lambda t, s: "invalid_request_error" in t and "Incorrect API key provided" not in t, _invalid_request),
-    (_OPENAI, lambda t, s: "The server had an error processing your request." in t
-     or "Web server is returning an unknown error" in t, lambda s: "server_error"),
-    (_OPENAI, lambda t, s: "Request too large" in t, lambda s: "rate_limit"),
-    (_ANTHROPIC, lambda t, s: "prompt is too long" in t or "prompt: length" in t
-     or _checkers().is_error_str_context_window_exceeded(t), lambda s: "context_window_exceeded"),
-    (_ANTHROPIC, lambda t, s: "overloaded_error" in t or "Overloaded" in t, lambda s: "server_error"),
-    (_ANTHROPIC, lambda t, s: "Invalid API Key" in t, lambda s: "auth"),
-    (_ANTHROPIC, lambda t, s: "content filtering policy" in t, lambda s: "content_policy"),
-)
-
-
-def classify(wire: Wire, status: int | None, text: str) -> str:
-    """The provider-error kind of an error answer: its text (body or event message), its status
-    (None for an error inside a 200 stream)."""
-    for wires, matches, kind in _TEXT_RULES:
-        if wire in wires and matches(text, status):
-            return kind(status)
-    if status is None:
-        return "connection"
-    return STATUS_KINDS[wire].get(status) or OTHER_STATUS_KIND[wire](status)
-
-
-class _Failure(Exception):
-    """Raised inside the readers; `fast_stream` turns it into a `ProviderError` for the model."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
-
-
-# -- the wire, sans I/O --------------------------------------------------------------------------
-#
-# Bytes in, text deltas out; finish, usage and the end of the stream kept as attributes. No socket,
-# no event loop: the tests feed them byte strings cut anywhere.
-
-
-class _ErrorDetail(msgspec.Struct, gc=False):
-    message: str | None = None
-    type: str | None = None
-    code: str | int | None = None
-
-
-class _OpenAIDelta(msgspec.Struct, gc=False):
-    content: str | None = None
-
-
-class _OpenAIChoice(msgspec.Struct, gc=False):
-    index: int = 0
-    delta: _OpenAIDelta | None = None
-    finish_reason: str | None = None
-
-
-class _OpenAIUsage(msgspec.Struct, gc=False):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-
-class _OpenAIChunk(msgspec.Struct, gc=False):
-    choices: list[_OpenAIChoice] | None = None
-    usage: _OpenAIUsage | None = None
-    error: _ErrorDetail | str | None = None
-
-
-class _AnthropicUsage(msgspec.Struct, gc=False):
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-    cache_creation_input_tokens: int | None = None
-    cache_read_input_tokens: int | None = None
-
-
-class _AnthropicMessage(msgspec.Struct, gc=False):
-    usage: _AnthropicUsage | None = None
-
-
-class _MessageStart(msgspec.Struct, gc=False):
-    message: _AnthropicMessage | None = None
-
-
-class _BlockDelta(msgspec.Struct, gc=False):
-    type: str = ""
-    text: str = ""
-
-
-class _ContentBlockDelta(msgspec.Struct, gc=False):
-    delta: _BlockDelta | None = None
-
-
-class _StopDelta(msgspec.Struct, gc=False):
-    stop_reason: str | None = None
-
-
-class _MessageDelta(msgspec.Struct, gc=False):
-    delta: _StopDelta | None = None
-    usage: _AnthropicUsage | None = None
-
-
-class _AnthropicError(msgspec.Struct, gc=False):
-    error: _ErrorDetail | None = None
-
-
-class _Typed(msgspec.Struct, gc=False):
-    type: str = ""
-
-
-class _ErrorBody(msgspec.Struct, gc=False):
-    """An error answer's body, either wire: `{"error": {"message": …}}` or `{"error": "…"}`."""
-
-    error: _ErrorDetail | str | None = None
-
-
-MAX_EVENT_BYTES: Final = 8 << 20    # a provider that never ends an event does not grow us forever
-
-
-class SSEReader:
-    """SSE framing (events end at a blank line; `\\n`, `\\r\\n` or `\\r` line ends; `:` comments are
-    keep-alives). A subclass's `feed` reads its wire's usual event shape in place (the hot path: one
-    decode per event, no line splitting) and hands any other block to `_block` → `_event`."""
-
-    def __init__(self) -> None:
-        self._tail = b""
-        self.done = False          # the provider ended the answer ([DONE], message_stop)
-        self.failure: _Failure | None = None   # an error event (or an unreadable one) ended it
-        self.events = 0            # events other than keep-alives: what the idle timeout watches
-        self.finish_reason: str | None = None
-        self.usage: Usage | None = None
-
-    def feed(self, data: bytes) -> list[str]:
-        """The text deltas in `data`, in order, up to an error event (then `failure` is set: the
-        deltas before it were streamed and must still be delivered)."""
-        out: list[str] = []
-        try:
-            for block in self._frame(data):
-                self._block(block, out)
-        except _Failure as failure:
-            self.failure = failure
-        return out
-
-    def _frame(self, data: bytes) -> list[bytes]:
-        """The whole events in `data` (with what the last read left over); the rest waits."""
-        if self._tail:
-            data = self._tail + data
-        if 13 in data:   # b"\r" (an int: a plain memchr)
-            cr = b""
-            if data.endswith(b"\r"):   # maybe the first half of a CRLF: decide when the rest arrives
-                data, cr = data[:-1], b"\r"
-            blocks = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n\n")
-            self._tail = blocks.pop() + cr
-        else:
-            blocks = data.split(b"\n\n")
-            self._tail = blocks.pop()
-        if len(self._tail) > MAX_EVENT_BYTES:
-            self._tail = b""
-            self.failure = _Failure("connection", f"an event of the stream exceeds {MAX_EVENT_BYTES} bytes")
-        return blocks
-
-    def _block(self, block: bytes, out: list[str]) -> None:
-        name = b""
-        data: list[bytes] = []
-        for line in block.split(b"\n"):
-            if not line or line[:1] == b":":
-                continue
-            field, _, value = line.partition(b":")
-            if value[:1] == b" ":
-                value = value[1:]
-            if field == b"data":
-                data.append(value)
-            elif field == b"event":
-                name = value
-        if data:
-            self._event(name, b"\n".join(data), out)
-
-    def _event(self, name: bytes, data: bytes, out: list[str]) -> None:
-        raise NotImplementedError
-
-
-def _unreadable(exc: Exception) -> _Failure:
-    return _Failure("connection", f"unreadable stream event: {exc}")
-
-
-_openai_chunk = msgspec.json.Decoder(_OpenAIChunk)
-_decode_openai_chunk = _openai_chunk.decode
-
-
-class OpenAIChatReader(SSEReader):
-    """`data: {chat.completion.chunk}` events, `data: [DONE]`; an error inside the stream is a chunk
-    with an `error` member (with or without `event: error`), as the OpenAI SDK reads it."""
-
-    def feed(self, data: bytes) -> list[str]:
-        out: list[str] = []
-        try:
-            for block in self._frame(data):
-                if block.startswith(b"data: {"):   # the usual shape: one data line holding a chunk
-                    try:
-                        chunk = _decode_openai_chunk(block[6:])
-                    except msgspec.DecodeError:   # more lines than one, or unreadable: the general way
-                        self._block(block, out)
-                    else:
-                        self._chunk(chunk, out)
-                elif block:
-                    self._block(block, out)
-        except _Failure as failure:
-            self.failure = failure
-        return out
-
-    def _event(self, name: bytes, data: bytes, out: list[str]) -> None:
-        if data == b"[DONE]":
-            self.done = True
-            return
-        try:
-            chunk = _openai_chunk.decode(data)
-        except msgspec.DecodeError as exc:
-            raise _unreadable(exc) from None
-        self._chunk(chunk, out)
-
-    def _chunk(self, chunk: _OpenAIChunk, out: list[str]) -> None:
-        self.events += 1
-        if chunk.error:
-            raise _stream_error(Wire.OPENAI_CHAT, chunk.error, None)
-        if chunk.choices:
-            choice = chunk.choices[0]
-            delta = choice.delta
-            if delta is not None and delta.content:
-                out.append(delta.content)
-            if choice.finish_reason:
-                self.finish_reason = choice.finish_reason
-        if chunk.usage is not None:
-            self.usage = Usage(chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
-
-
-_EVENT_DECODERS: Final[Mapping[bytes, msgspec.json.Decoder[Any]]] = {
-    b"content_block_delta": msgspec.json.Decoder(_ContentBlockDelta),
-    b"message_start": msgspec.json.Decoder(_MessageStart),
-    b"message_delta": msgspec.json.Decoder(_MessageDelta),
-    b"error": msgspec.json.Decoder(_AnthropicError),
-}
-_typed = msgspec.json.Decoder(_Typed)
-_BLOCK_DELTA: Final = b"event: content_block_delta\ndata: "
-_BLOCK_DELTA_SIZE: Final = len(_BLOCK_DELTA)
-_decode_block_delta = _EVENT_DECODERS[b"content_block_delta"].decode
-
-
-class AnthropicMessagesReader(SSEReader):
-    """message_start, content_block_start/delta/stop, message_delta, message_stop, ping, error; other
-    event types are ignored (Anthropic may add some). Only `text_delta` blocks are answer text."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._usage: dict[str, int] = {}
-
-    def feed(self, data: bytes) -> list[str]:
-        out: list[str] = []
-        n = 0
-        try:
-            for block in self._frame(data):
-                if block.startswith(_BLOCK_DELTA):   # the usual shape: a content block's delta, one data line
-                    try:
-                        delta = _decode_block_delta(block[_BLOCK_DELTA_SIZE:]).delta
-                    except msgspec.DecodeError:   # more lines than one, or unreadable: the general way
-                        self._block(block, out)
-                        continue
-                    n += 1
-                    if delta is not None and delta.type == "text_delta" and delta.text:
-                        out.append(delta.text)
-                elif block:
-                    self._block(block, out)
-        except _Failure as failure:
-            self.failure = failure
-        self.events += n
-        return out
-
-    def _event(self, name: bytes, data: bytes, out: list[str]) -> None:
-        try:
-            if not name:   # no `event:` line: the type is in the data
-                name = _typed.decode(data).type.encode()
-            decoder = _EVENT_DECODERS.get(name)
-            if name != b"ping":
-                self.events += 1
-            if decoder is None:
-                if name == b"message_stop":
-                    self.done = True
-                return
-            event = decoder.decode(data)
-        except msgspec.DecodeError as exc:
-            raise _unreadable(exc) from None
-        if type(event) is _ContentBlockDelta:
-            if event.delta is not None and event.delta.type == "text_delta" and event.delta.text:
-                out.append(event.delta.text)
-        elif type(event) is _MessageDelta:
-            if event.delta is not None and event.delta.stop_reason:
-                self.finish_reason = event.delta.stop_reason
-            self._count(event.usage)
-        elif type(event) is _MessageStart:
-            self._count(event.message.usage if event.message is not None else None)
-        elif type(event) is _AnthropicError:
-            raise _stream_error(Wire.ANTHROPIC_MESSAGES, event.error, 500)
-
-    def _count(self, usage: _AnthropicUsage | None) -> None:
-        """Usage is cumulative and message_delta may omit what message_start reported; prompt tokens
-        include cache writes and reads, as LiteLLM counts them."""
-        if usage is None:
-            return
-        for field in usage.__struct_fields__:
-            value = getattr(usage, field)
-            if value is not None:
-                self._usage[field] = value
-        u = self._usage
-        prompt = u.get("input_tokens", 0) + u.get("cache_creation_input_tokens", 0) + u.get("cache_read_input_tokens", 0)
-        self.usage = Usage(prompt, u.get("output_tokens", 0))
-
-
-def _stream_error(wire: Wire, error: _ErrorDetail | str | None, status: int | None) -> _Failure:
-    if isinstance(error, _ErrorDetail):
-        message = error.message or "An error occurred during streaming"
-        # The OpenAI-compatible servers LiteLLM's own handler reads (vLLM, sglang) put the status in `code`.
-        if status is None and isinstance(error.code, int) and 400 <= error.code < 600:
-            status = error.code
-    else:
-        message = error or "An error occurred during streaming"
-    return _Failure(classify(wire, status, message), message)
-
-
-READERS_BY_WIRE: Final[Mapping[Wire, Callable[[], SSEReader]]] = {
-    Wire.OPENAI_CHAT: OpenAIChatReader,
-    Wire.ANTHROPIC_MESSAGES: AnthropicMessagesReader,
-}
-
-
-# -- the request, built by LiteLLM ---------------------------------------------------------------
-
-_litellm: ModuleType | None = None
-
-
-def _lite() -> ModuleType:
-    """LiteLLM, imported on first use (`stream.litellm_module()` has normally configured it already)."""
-    global _litellm
-    if _litellm is None:
-        import litellm
-
-        _litellm = litellm
-    return _litellm
-
-
-@lru_cache(maxsize=512)
-def route(model: str, api_base: str | None) -> Route | None:
-    """How LiteLLM resolves `model` (None: not a call this path makes). Cached: resolution reads
-    LiteLLM's model tables, not the key."""
-    litellm = _lite()
-    from litellm.responses.bridge_check import responses_api_bridge_check
-
-    try:
-        name, provider, _key, base = litellm.get_llm_provider(model, api_base=api_base)
-    except Exception:
-        return None     # LiteLLM's own path raises its own error for it
-    wire = PROVIDER_WIRES.get(provider)
-    if wire is None:
-        return None
-    config = _config(name, provider)
-    base = base or api_base
-    if provider in ("openai", "anthropic"):
-        base = config.get_api_base(base)
-    if base is None:
-        return None     # e.g. hosted_vllm with no api_base: LiteLLM reads its variables
-    if responses_api_bridge_check(model=name, custom_llm_provider=provider, api_base=base)[0].get("mode") == "responses":
-        return None     # LiteLLM would call the Responses API for it
-    return Route(name, provider, wire, base)
-
-
-def _config(name: str, provider: str) -> Any:
-    from litellm.utils import ProviderConfigManager
-
-    return ProviderConfigManager.get_provider_chat_config(model=name, provider=_lite().LlmProviders(provider))
-
-
-@dataclass(frozen=True, slots=True)
-class FastRequest:
-    route: Route
-    url: str
-    headers: Mapping[str, str]
-    body: bytes
-    read_timeout_s: float
-    key: str | None   # to scrub error text of; never logged
-
-    @property
-    def origin(self) -> str:
-        """scheme://host[:port] of the URL: what picks a proxy."""
-        scheme, _, rest = self.url.partition("://")
-        return f"{scheme}://{rest.split('/', 1)[0]}"
-
-
-DEFAULT_TIMEOUT_S: Final = 600.0   # LiteLLM's COMPLETION_HTTP_FALLBACK_SECONDS when no timeout is given
-
-
-def build_request(
-    model: str,
-    messages: Sequence[Mapping[str, Any]],
-    *,
-    headers: Mapping[str, str],
-    settings: Mapping[str, Any],
-    api_base: str | None = None,
-    api_key: str | None = None,
-    max_tokens: int | None = None,
-    timeout_s: float | None = None,
-    include_usage: bool = True,
-) -> FastRequest:
-    """The request LiteLLM would send for this call, with the stream's usage asked for. Settings win
-    over the arguments, as in `stream_model`. Raises `_Failure` (auth) when no key can be found."""
-    try:
-        own, key = call_kwargs(settings)
-    except MissingKey as exc:
-        raise _Failure("auth", str(exc)) from None
-    own.pop(STREAM_READER, None)
-    base = own.pop("api_base", api_base)
-    key = own.pop("api_key", None) or api_key
-    timeout = own.pop("timeout", timeout_s)
-    if "max_tokens" not in own and max_tokens is not None:
-        own["max_tokens"] = max_tokens
-    found = route(model, base)
-    if found is None:
-        raise ValueError(f"{model!r} is not a call the fast path makes: check fast_path_supports first")
-    litellm = _lite()
-    from litellm.litellm_core_utils.get_litellm_params import get_litellm_params
-
-    config = _config(found.model, found.provider)
-    if key is None:
-        key = litellm.get_llm_provider(model, api_base=base)[2]
-        if key is None and found.provider in ("openai", "anthropic"):
-            key = config.get_api_key()
-        if key is None and found.provider == "openai":
-            # The OpenAI SDK refuses to start without one; LiteLLM maps that to AuthenticationError.
-            raise _Failure("auth", "no api key: name its variable in the model's api_key_env")
-    try:   # LiteLLM refusing the request (an unsupported parameter, a message it cannot translate)
-        optional = copy.deepcopy(_optional_params(found, include_usage, msgspec.json.encode(sorted(own.items()))))
-        extra_body = optional.pop("extra_body", None)
-        params = get_litellm_params(api_base=found.api_base, custom_llm_provider=found.provider)
-        msgs = [dict(m) for m in messages]
-        out_headers = config.validate_environment(
-            headers=dict(headers), model=found.model, messages=msgs, optional_params=optional,
-            litellm_params=params, api_key=key, api_base=found.api_base,
-        )
-        url = config.get_complete_url(api_base=found.api_base, api_key=key, model=found.model, optional_params=optional,
-                                      litellm_params=params, stream=True)
-        body = config.transform_request(model=found.model, messages=msgs, optional_params=optional,
-                                        litellm_params=params, headers=out_headers)
-        if found.wire is Wire.ANTHROPIC_MESSAGES:
-            from litellm.anthropic_beta_gated_fields import strip_beta_gated_request_body
-            from litellm.anthropic_beta_headers_manager import update_request_with_filtered_beta
-            from litellm.litellm_core_utils.url_utils import ensure_api_route
-
-            url = ensure_api_route(url, "v1/messages")     # what LiteLLM's anthropic dispatch does to the base
-            out_headers, body = update_request_with_filtered_beta(headers=out_headers, request_data=body,
-                                                                  provider=found.provider, api_base=found.api_base)
-            body = dict(strip_beta_gated_request_body(body, out_headers, drop_params=None, model=found.model,
-                                                      provider=found.provider))
-        if extra_body:
-            body = {**body, **config.transform_extra_body(extra_body=extra_body, request=body, model=found.model,
-                                                          litellm_params=params)}
-        if config.supports_stream_param_in_request_body:
-            body["stream"] = True
-    except Exception as exc:
-        raise _Failure("bad_request", scrub(f"{type(exc).__name__}: {exc}", key)[:500]) from None
-    return FastRequest(found, url, {str(k): str(v) for k, v in out_headers.items()}, msgspec.json.encode(body),
-                       float(timeout) if timeout is not None else DEFAULT_TIMEOUT_S, key)
-
-
-@lru_cache(maxsize=512)
-def _optional_params(found: Route, include_usage: bool, settings: bytes) -> dict[str, Any]:
-    """LiteLLM's mapping of the settings to the provider's parameters (its supported-parameter checks,
-    `map_openai_params`, unknown ones to `extra_body`): a function of the settings alone, so it runs
-    once per model and settings, not once per call (it reads model tables: ~0.3 ms). Copy before use."""
-    from litellm.utils import get_optional_params
-
-    own = dict(msgspec.json.decode(settings))
-    if include_usage and found.wire is Wire.OPENAI_CHAT and "stream_options" in (
-            _config(found.model, found.provider).get_supported_openai_params(found.model) or ()):
-        own["stream_options"] = {"include_usage": True}
-    return dict(get_optional_params(model=found.model, custom_llm_provider=found.provider, stream=True, **own))
-
-
-# -- the transport -------------------------------------------------------------------------------
-
-# One pooled session per event loop (a session's connections belong to the loop that opened them).
-# No connection limit: a host streams every conversation's model call at once.
-# One pooled session per event loop. A session holds its loop, so a weak map would never let go.
-_sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
-
-
-def _session() -> aiohttp.ClientSession:
-    loop = asyncio.get_running_loop()
-    session = _sessions.get(loop)
-    if session is None or session.closed:
-        _reap()
-        # No cookie jar: a provider's cookies must not ride along on another conversation's call.
-        # Not trust_env: aiohttp would then look the proxy and ~/.netrc up in a thread on every
-        # request; `_proxy` reads the proxy variables once per endpoint instead.
-        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), cookie_jar=aiohttp.DummyCookieJar(),
-                                        timeout=aiohttp.ClientTimeout(total=None))
-        _sessions[loop] = session
-    return session
-
-
-def _reap() -> None:
-    """Drop the sessions of loops that ended without `aclose_sessions()` (a test's): their sockets
-    went with the loop. Marked closed, so aiohttp does not report them unclosed."""
-    for loop in [loop for loop in _sessions if loop.is_closed()]:
-        _forget(_sessions.pop(loop))
-
-
-def _forget(session: aiohttp.ClientSession) -> None:
-    connector = session.connector
-    if connector is not None and not connector.closed:
-        connector._close()  # the synchronous half of close(): nothing is left to await
-
-
-@atexit.register
-def _forget_all() -> None:
-    """At exit: the last loop's session too (a worker that never closed it)."""
-    for session in _sessions.values():
-        _forget(session)
-
-
-@lru_cache(maxsize=256)
-def _proxy(origin: str) -> tuple[Any, Any]:
-    """The HTTP(S)_PROXY / NO_PROXY proxy for an endpoint (LiteLLM's httpx client honours them too)."""
-    from aiohttp.helpers import get_env_proxy_for_url
-    from yarl import URL
-
-    try:
-        return get_env_proxy_for_url(URL(origin))
-    except LookupError:
-        return None, None
-
-
-async def aclose_sessions() -> None:
-    """Close this event loop's pooled session (at shutdown; tests between loops)."""
-    session = _sessions.pop(asyncio.get_running_loop(), None)
-    if session is not None:
-        await session.close()
+    def __init__(self, fault: Fault) -> None:
+        super().__init__(fault.message)
+        self.fault = fault
 
 
 class _Watchdog:
     """The stream's two timeouts, with one timer handle re-armed lazily instead of a timer per read
     (aiohttp's `sock_read` re-arms one on every read: measured ~3 µs per chunk).
 
-    - `timeout_s`, every read: nothing at all from the provider for that long while we wait (LiteLLM's
-      httpx read timeout);
-    - `idle_timeout_s`, after the first delta: no event for that long while we wait — keep-alives do
-      not count, and neither does the time the consumer spends on a delta (`stream_model`'s per-chunk
-      timeout).
+    - `read_limit`, every read: nothing at all from the provider for that long while we wait
+      (LiteLLM's httpx read timeout);
+    - `idle_limit`, after the first delta: no event for that long while we wait — keep-alives do
+      not count, and neither does the time the consumer spends on a delta (docs/design.md#continuation).
     A trip fails the pending read with TimeoutError."""
 
     def __init__(self, read_limit: float, response: aiohttp.ClientResponse) -> None:
@@ -767,80 +110,63 @@ class _Watchdog:
         self.handle.cancel()
 
 
-async def fast_stream(
-    model: str,
-    messages: Sequence[Mapping[str, Any]],
-    *,
-    headers: Mapping[str, str],
-    settings: Mapping[str, Any],
-    api_base: str | None = None,
-    api_key: str | None = None,
-    max_tokens: int | None = None,
-    timeout_s: float | None = None,
-    idle_timeout_s: float | None = None,
-    include_usage: bool = True,
-) -> AsyncGenerator[FastItem, None]:
-    """One model attempt: `FastDelta`s, then a `FastFinish`; or a `ProviderError`.
+async def fast_stream(call: ModelCall) -> AsyncGenerator[StreamItem, None]:
+    """One model attempt: `ModelDelta`s, then a `ModelFinished`; or a `ProviderError`.
 
-    `headers` go with the request (the conversation and call index, see scripts.py); `settings` are
-    the model's (its key read from `api_key_env` here, at the call; settings win over `api_base`,
-    `api_key`, `max_tokens`, `timeout_s`). `timeout_s` bounds the wait for the answer's headers and
-    then every read, as LiteLLM's `timeout` does; `idle_timeout_s` bounds the wait for each event
-    after the first delta. `include_usage` asks an OpenAI-compatible provider for the usage chunk
-    (Anthropic always sends usage). Once the finish reason is in, a failure (reading the usage) no
-    longer fails the answer. Close it early (`aclose()`) to abort the generation: the HTTP response
-    is closed, so the provider sees the client go away.
+    The call's read timeout bounds the wait for the answer's headers and then every read, as
+    LiteLLM's `timeout` does; its idle timeout bounds the wait for each event after the first
+    delta. Once the finish reason is in, a failure (reading the usage) no longer fails the answer.
+    Close it early (`aclose()`) to abort the generation: the HTTP response is closed, so the
+    provider sees the client go away.
     """
-    key: str | None = None
+    request = build_request(call)   # refused before anything is sent: a ProviderError of its own
+    wire, key, read_timeout = request.route.wire, request.key, call.read_timeout_s
     delivered = False
     response: aiohttp.ClientResponse | None = None
-    reader: SSEReader | None = None
+    decoder: Decoder | None = None
     dog: _Watchdog | None = None
-    read_timeout = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
     whole = False    # the body was read to its end: the connection may go back to the pool
     try:
         try:
-            request = build_request(model, messages, headers=headers, settings=settings, api_base=api_base,
-                                    api_key=api_key, max_tokens=max_tokens, timeout_s=timeout_s,
-                                    include_usage=include_usage)
-            key, read_timeout, wire = request.key, request.read_timeout_s, request.route.wire
-            proxy, proxy_auth = _proxy(request.origin)
+            proxy, proxy_auth = proxy_for(request.origin)
+            http = await session()
             async with asyncio.timeout(read_timeout):   # connect, send, the answer's status line and headers
-                response = await _session().post(request.url, data=request.body, headers=request.headers,
-                                                 allow_redirects=False, proxy=proxy, proxy_auth=proxy_auth)
+                response = await http.post(request.url, data=request.body, headers=request.headers,
+                                           allow_redirects=False, proxy=proxy, proxy_auth=proxy_auth)
                 if response.status >= 300:
-                    raise await _status_failure(wire, response)
-            reader = READERS_BY_WIRE[wire]()
+                    body = await response.content.read(ERROR_BODY_BYTES)
+                    raise _Failed(answer_fault(wire, response.status, response.reason, body))
+            decoder = DECODERS[wire]()
             dog = _Watchdog(read_timeout, response)
             content, clock = response.content, dog.loop.time
             seen = 0
-            while not reader.done:
+            while not decoder.done:
                 data = await content.readany()
                 if not data:
                     break
                 dog.read_at = clock()
-                texts = reader.feed(data)
-                if reader.events != seen:
-                    seen, dog.event_at = reader.events, dog.read_at
-                for text in texts:
+                deltas = decoder.feed(data)
+                if decoder.events != seen:
+                    seen, dog.event_at = decoder.events, dog.read_at
+                for delta in deltas:
                     delivered = True
                     dog.waiting = False
-                    yield FastDelta(text)
+                    yield delta
                     dog.read_at = dog.event_at = clock()
                     dog.waiting = True
-                    if dog.idle_limit is None and idle_timeout_s is not None:
-                        dog.start_idle(idle_timeout_s)
-                if reader.failure is not None:
-                    raise reader.failure
-            if reader.done:
+                    if dog.idle_limit is None and call.idle_timeout_s is not None:
+                        dog.start_idle(call.idle_timeout_s)
+                if decoder.failure is not None:
+                    raise _Failed(decoder.failure)
+            if decoder.done:
                 whole = await _drain(content)
-            finish = _finish(wire, reader)
-        except (_Failure, TimeoutError, aiohttp.ClientError) as exc:
-            if reader is None or reader.finish_reason is None:
-                raise _provider_error(exc, model, key, delivered, dog, idle_timeout_s, read_timeout,
-                                      answered=response is not None) from (
-                    exc if key is None and not isinstance(exc, _Failure) else None)
-            finish = _finish(wire, reader)   # the answer is whole; only what follows it failed
+            finish = _finish(call, decoder)
+        except (_Failed, TimeoutError, aiohttp.ClientError) as exc:
+            if decoder is None or decoder.finish_reason is None:
+                # The provider's own exception may quote the key: chain it only when there is none.
+                raise _provider_error(exc, call, key, delivered, dog, answered=response is not None) from (
+                    exc if key is None and not isinstance(exc, _Failed) else None)
+            finish = _finish(call, decoder)   # the answer is whole; only what follows it failed
     finally:
         if dog is not None:
             dog.cancel()
@@ -852,24 +178,22 @@ async def fast_stream(
     yield finish
 
 
-def _provider_error(exc: BaseException, model: str, key: str | None, delivered: bool, dog: _Watchdog | None,
-                    idle_timeout_s: float | None, read_timeout: float, *, answered: bool) -> ProviderError:
-    if isinstance(exc, _Failure):
-        kind, message = exc.kind, exc.message
+def _provider_error(exc: BaseException, call: ModelCall, key: str | None, delivered: bool, dog: _Watchdog | None,
+                    *, answered: bool) -> ProviderError:
+    if isinstance(exc, _Failed):
+        kind, message = exc.fault.kind, exc.fault.message
     elif isinstance(exc, TimeoutError):   # before the headers, a read, or the idle timeout
         kind = "timeout"
         if dog is not None and dog.tripped == "idle":
-            message = f"no chunk for {idle_timeout_s:g} s in the middle of the response"
+            assert call.idle_timeout_s is not None   # the idle clock runs only when there is one
+            message = SILENCE.format(call.idle_timeout_s)
         else:
-            message = f"nothing received for {read_timeout:g} s"
+            message = f"nothing received for {call.read_timeout_s:g} s"
     else:
         # Before the provider answered (refused, reset, DNS), LiteLLM's mapping says InternalServerError;
         # a stream that breaks once it has begun is an APIConnectionError.
         kind, message = "connection" if answered else "server_error", f"{type(exc).__name__}: {exc}"
-    return ProviderError(kind, model, scrub(message, key)[:500], after_first_delta=delivered)
-
-
-DRAIN_S: Final = 1.0
+    return ProviderError(kind, call.model, scrub(message, key)[:500], after_first_delta=delivered)
 
 
 async def _drain(content: aiohttp.StreamReader) -> bool:
@@ -885,56 +209,10 @@ async def _drain(content: aiohttp.StreamReader) -> bool:
     return True
 
 
-def _finish(wire: Wire, reader: SSEReader) -> FastFinish:
-    from litellm.litellm_core_utils.core_helpers import map_finish_reason
-
-    if reader.finish_reason is None:
-        # A stream that ends without a finish reason was cut (LiteLLM: "Stream ended before a
-        # finish_reason was received", an APIConnectionError); an Anthropic message_stop without a
-        # stop_reason is a finished answer LiteLLM calls "stop".
-        if wire is Wire.OPENAI_CHAT or not reader.done:
-            raise _Failure("connection", "the stream ended before a finish reason was received")
-        return FastFinish("stop", reader.usage)
-    return FastFinish(map_finish_reason(reader.finish_reason), reader.usage)
-
-
-_ERROR_BODY = msgspec.json.Decoder(_ErrorBody)
-_WHITESPACE = re.compile(r"\s+")
-
-
-async def _status_failure(wire: Wire, response: aiohttp.ClientResponse) -> _Failure:
-    """An error status: its kind from the body's text and the status; its message from the body."""
-    body = await response.content.read(64 << 10)
-    text = body.decode("utf-8", errors="replace")
-    try:
-        error = _ERROR_BODY.decode(body).error
-    except msgspec.DecodeError:
-        error = None
-    message = error.message if isinstance(error, _ErrorDetail) else error
-    message = _WHITESPACE.sub(" ", message or text or response.reason or "").strip()[:500]
-    return _Failure(classify(wire, response.status, text), f"{message} (HTTP {response.status})")
-
-
-__all__ = [
-    "FAST_SETTINGS",
-    "PROVIDER_WIRES",
-    "READERS",
-    "STATUS_KINDS",
-    "STREAM_READER",
-    "AnthropicMessagesReader",
-    "FastDelta",
-    "FastFinish",
-    "FastItem",
-    "FastRequest",
-    "OpenAIChatReader",
-    "ProviderError",
-    "Usage",
-    "Wire",
-    "aclose_sessions",
-    "build_request",
-    "classify",
-    "fast_path_supports",
-    "fast_stream",
-    "route",
-    "without_reader_setting",
-]
+def _finish(call: ModelCall, decoder: Decoder) -> ModelFinished:
+    """The call's last item, its finish reason in OpenAI's vocabulary (LiteLLM's `map_finish_reason`)."""
+    reason = decoder.end_reason()
+    if reason is None:
+        raise _Failed(Fault("connection", "the stream ended before a finish reason was received"))
+    mapped = litellm_part("litellm_core_utils.core_helpers").map_finish_reason(reason)
+    return ModelFinished(mapped, call.model, decoder.usage)

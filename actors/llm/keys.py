@@ -20,18 +20,15 @@ class MissingKey(LookupError):
     """The variable a profile names for its key is not set in this process."""
 
 
-def call_kwargs(settings: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
-    """A model's settings as LiteLLM keyword arguments, with `api_key_env` resolved to `api_key`;
-    and the key itself, so that error text can be scrubbed of it."""
-    kwargs = {k: v for k, v in settings.items() if k != KEY_SETTING}
+def read_key(settings: Mapping[str, Any]) -> str | None:
+    """The key of the variable `settings` name in `api_key_env`, read now; None when they name none."""
     name = settings.get(KEY_SETTING)
     if name is None:
-        return kwargs, None
+        return None
     key = os.environ.get(name)
     if not key:
         raise MissingKey(f"the variable {name} (api_key_env) is not set where this model is called")
-    kwargs["api_key"] = key
-    return kwargs, key
+    return key
 
 
 def scrub(text: str, key: str | None) -> str:

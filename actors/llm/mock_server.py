@@ -25,11 +25,9 @@ from typing import Any
 
 from aiohttp import web
 
+from actors.llm.errors import ERROR_TABLE, SCRIPT_EXHAUSTED, ErrorKind
 from actors.llm.scripts import (
-    ERROR_TABLE,
-    SCRIPT_EXHAUSTED,
     CallCounter,
-    ErrorKind,
     Round,
     RoundUsage,
     Script,

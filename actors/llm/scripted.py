@@ -1,7 +1,8 @@
 """The scripted model as a LiteLLM custom provider: `scripted/<name>` plays script <name> (docs/design.md#scripted-model).
 
-`stream_model` plays scripts itself (its direct player, no LiteLLM per chunk); this provider serves
-a model whose settings say `stream_reader = "litellm"`, and any plain `litellm.acompletion` call —
+`stream_model` plays scripts itself (`direct_player.py`, no LiteLLM per chunk); this provider serves
+a model whose settings say `stream_reader = "litellm"` (`litellm_reader.py` registers it), and any
+plain `litellm.acompletion` call once `ensure_registered()` has run —
 through the real LiteLLM streaming path (`acompletion(stream=True)` → `CustomStreamWrapper`), so
 tests of that path exercise what a real provider exercises. Both players pace and fail through
 `scripts.play`, and `tests/test_llm_stream.py` checks they stream the same.
@@ -11,8 +12,8 @@ call index (`X-Reactgate-*` headers, see `scripts.py`) because the conversation 
 counter and may resume in another process after a crash. A per-process counter is only the
 fallback for callers that send no index.
 
-Importing this module imports litellm (after `actors/llm/__init__.py`, which Python runs first,
-pinned the local cost map).
+This module is LiteLLM code: importing it loads LiteLLM (`lite.litellm_module()`), so the model
+layer imports it only where a scripted model is played through LiteLLM (`litellm_reader.py`).
 """
 
 from __future__ import annotations
@@ -21,17 +22,13 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import litellm
-from litellm.llms.custom_llm import CustomLLM
-from litellm.types.utils import GenericStreamingChunk, ModelResponse
-
+from actors.llm.errors import ERROR_TABLE, ErrorKind
+from actors.llm.lite import litellm_module, litellm_part
 from actors.llm.scripts import (
-    ERROR_TABLE,
     PROVIDER,
     CallCounter,
-    ErrorKind,
     Round,
     RoundFailed,
     RoundUsage,
@@ -39,6 +36,14 @@ from actors.llm.scripts import (
     playback_position,
     round_to_play,
 )
+
+if TYPE_CHECKING:
+    from litellm.llms.custom_llm import CustomLLM
+    from litellm.types.utils import GenericStreamingChunk, ModelResponse
+else:
+    CustomLLM = litellm_part("llms.custom_llm").CustomLLM
+
+litellm: Any = litellm_module()
 
 
 def provider_exception(kind: ErrorKind, model: str, message: str) -> Exception:
@@ -106,7 +111,7 @@ class ScriptedLLM(CustomLLM):
     ) -> AsyncIterator[GenericStreamingChunk]:
         # An async generator: nothing runs until LiteLLM asks for the first chunk, so an `error`
         # round raises before any chunk, as a failing provider does. The idle timeout is not the
-        # provider's: `stream_model` keeps it around LiteLLM's stream.
+        # provider's: LiteLLM's reader keeps it around LiteLLM's stream.
         round_ = self.resolve(model, headers, messages)
         try:
             async with contextlib.aclosing(play(round_, read_timeout_s=_read_timeout(timeout))) as texts:
@@ -167,9 +172,7 @@ def ensure_registered() -> ScriptedLLM:
             {"provider": PROVIDER, "custom_handler": _provider},
         ]
     if PROVIDER not in litellm._custom_providers or PROVIDER not in litellm.provider_list:
-        from litellm.utils import custom_llm_setup
-
-        custom_llm_setup()  # type: ignore[no-untyped-call]
+        litellm_part("utils").custom_llm_setup()
     return _provider
 
 

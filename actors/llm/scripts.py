@@ -1,7 +1,7 @@
 """The scripted model's script (docs/design.md#scripted-model): what the model answers to the i-th call of a conversation.
 
-A script is data, validated once when loaded; every player — `stream_model`'s direct player
-(`stream.py`), the LiteLLM custom provider (`scripted.py`) and the OpenAI-compatible mock endpoint
+A script is data, validated once when loaded; every player — the direct player
+(`direct_player.py`), the LiteLLM custom provider (`scripted.py`) and the OpenAI-compatible mock endpoint
 (`mock_server.py`) — reads the same `Round.chunks`, so no two paths stream different deltas for the
 same script. The two in-process players also share one pacing (`play`) and one way to fail
 (`RoundFailed`), so they cannot drift apart in timing or errors either.
@@ -19,7 +19,6 @@ import math
 import re
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Mapping, Sequence
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,39 +34,16 @@ from pydantic import (
     model_validator,
 )
 
+from actors.llm.errors import SCRIPT_EXHAUSTED, SILENCE, ErrorKind
+
 PROVIDER = "scripted"                      # LiteLLM model strings `scripted/<name>`
 CONVERSATION_HEADER = "X-Reactgate-Conversation"
 CALL_INDEX_HEADER = "X-Reactgate-Call-Index"
 DEFAULT_CHUNK_CHARS = 4
-SCRIPT_EXHAUSTED = "script_exhausted"      # provider-error kind (and message prefix) of a used-up script
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "builtin"
 BUILTIN_SCRIPTS: Mapping[str, str] = {"demo": "demo_script.json"}
 
 FinishReason = Literal["stop", "length", "content_filter"]
-
-
-class ErrorKind(StrEnum):
-    RATE_LIMIT = "rate_limit"
-    TIMEOUT = "timeout"
-    SERVER_ERROR = "server_error"
-    UNAVAILABLE = "unavailable"
-    BAD_REQUEST = "bad_request"
-    AUTH = "auth"
-    NOT_FOUND = "not_found"
-
-
-# One table for both players: the LiteLLM exception the custom provider raises, and the HTTP
-# status the mock endpoint answers with — chosen so LiteLLM's `openai/` provider maps the status
-# back to the same exception class. `stream.error_kind` classifies with the same table.
-ERROR_TABLE: Mapping[ErrorKind, tuple[int, str]] = {
-    ErrorKind.RATE_LIMIT: (429, "RateLimitError"),
-    ErrorKind.TIMEOUT: (408, "Timeout"),
-    ErrorKind.SERVER_ERROR: (500, "InternalServerError"),
-    ErrorKind.UNAVAILABLE: (503, "ServiceUnavailableError"),
-    ErrorKind.BAD_REQUEST: (400, "BadRequestError"),
-    ErrorKind.AUTH: (401, "AuthenticationError"),
-    ErrorKind.NOT_FOUND: (404, "NotFoundError"),
-}
 
 
 class ScriptError(ValueError):
@@ -345,14 +321,9 @@ class CallCounter:
 
 # -- playback: one pacing and one way to fail, for both in-process players ---------------------
 
-# A stream gone quiet after its first delta, cut by the caller's idle timeout: the words
-# `stream_model` uses for it whichever player (or reader) was silent.
-SILENCE = "no chunk for {:g} s in the middle of the response"
-
-
 class RoundFailed(Exception):
     """A played round fails as a provider would. `error` names the exception class a LiteLLM
-    provider raises for it (ERROR_TABLE); `kind` is the provider-error kind reactgate reports —
+    provider raises for it (`errors.ERROR_TABLE`); `kind` is the provider-error kind reactgate reports —
     `error`'s own, except a used-up script (a bad request to a provider, `script_exhausted` to us)."""
 
     def __init__(self, error: ErrorKind, message: str, kind: str | None = None) -> None:

@@ -29,17 +29,20 @@ from typing import Any, TypeVar
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from actors.hosting.backend import AckStatus, Command, ConfigurationReplaced, Export, Opened, Owner, SetMode
+from actors.hosting.backend import AckStatus, Command, ConfigurationReplaced, Export, Opened, SetMode
 from actors.hosting.export import export_log
 from actors.hosting.meter import Meter
 from actors.hosting.owners import Owners, deletion_key
 from actors.hosting.placement import NoLiveHost
 from actors.hosting.subscription import replay_then_live
+from actors.identity import Owner
 from actors.quotas import TenantUsage
 from actors.ray.config import RayConfig
 from actors.ray.directory import Directory
-from actors.ray.host import Relocated, WrongHost
-from actors.ray.names import DIRECTORY_NAME, NAMESPACE, get_or_create, placement, tool_pool
+from actors.ray.host import WrongHost
+from actors.ray.names import DIRECTORY_NAME, NAMESPACE, placement, tool_pool
+from actors.ray.outbox import Relocated
+from actors.ray.singletons import get_or_create
 from actors.ray.tool_pool import ToolPoolActor
 from actors.store import Store, store_from_url
 from protocol.events import Event
@@ -98,7 +101,7 @@ class _HostLink:
 
 
 class RayBackend:
-    def __init__(self, config: RayConfig, *, default_agent: str) -> None:
+    def __init__(self, config: RayConfig, *, default_agent: str, directory: Any = None) -> None:
         self.config = config
         self.profiles = dict(config.profiles)
         self.default_agent = default_agent
@@ -113,7 +116,9 @@ class RayBackend:
         self.meter = Meter(self.store, config.quotas)
         self.owners = Owners(self.store, self.meter)
         self._started_ray = False
-        self._directory: Any = None
+        # The Directory actor; None: the cluster's named one, created at `start` if missing. A test
+        # passes a stand-in that answers as the real one does between a host's death and its observation.
+        self._directory: Any = directory
         self._routes: dict[str, str] = {}                # conversation → host name (a cache)
         self._links: dict[str, _HostLink] = {}
         self._listeners: dict[str, list[Listener]] = {}
@@ -127,7 +132,8 @@ class RayBackend:
             self._init_ray()
             self._started_ray = True
         await self.store.open()
-        self._directory = get_or_create(Directory, DIRECTORY_NAME, **placement(self.config.actor_resource))
+        if self._directory is None:
+            self._directory = get_or_create(Directory, DIRECTORY_NAME, **placement(self.config.actor_resource))
         generation = self.config.generation
         log.info("serving configuration generation %s", generation)
         get_or_create(ToolPoolActor, tool_pool(generation), self.config, **placement(self.config.actor_resource))
@@ -438,11 +444,27 @@ class RayBackend:
         for listener in list(self._listeners.get(conversation_id, ())):
             listener([])  # "look in the store": events the dead host published may not have arrived
 
-    # -- for tests and benches ---------------------------------------------------------------------
+    # -- for operators, tests and benches ------------------------------------------------------------
 
     async def host_of(self, conversation_id: str) -> str:
+        """The host this gateway routes the conversation to (placing it, if it is placed nowhere)."""
         name, _ = await self._host_for(conversation_id)
         return name
+
+    async def holder(self, conversation_id: str) -> str | None:
+        """The host the Directory has the conversation assigned to; None while it is placed nowhere
+        (passivated, or left by a dead host and not yet handed over)."""
+        holder = await self._directory.holder.remote(conversation_id)
+        return str(holder) if holder is not None else None
+
+    async def hosts(self) -> list[str]:
+        """The live sharded hosts placement picks from, as the Directory sees them."""
+        return list(await self._directory.hosts.remote())
+
+    async def ensure_hosts(self) -> list[str]:
+        """Start this generation's sharded hosts that are missing now (a killed one's replacement, or
+        one the Directory gave up replacing); returns their names."""
+        return list(await self._directory.ensure_hosts.remote(self.config.hosts, self.config))
 
     async def idle(self, conversation_id: str) -> None:
         await self._call(conversation_id, "idle")

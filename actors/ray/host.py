@@ -2,12 +2,13 @@
 
 What the shell adds is what only Ray has: a named process every gateway finds, the claim of each
 activation at the Directory (docs/design.md#placement), delivery to each gateway in batches —
-one outbox per gateway, drained by that gateway's long poll (docs/design.md#delivery) — and its
-part in host death (docs/design.md#host-death): a lifeline the Directory holds, and the adoption
-of a dead host's conversations that had a turn in flight. And its part in generations
-(docs/design.md#generations): a host serves one configuration generation; once a newer one is
-current it drains — passivates each conversation when no turn runs there, tells the gateways
-watching it to watch it on its new host (`Relocated`), and is retired once it holds nothing.
+one outbox per gateway (`actors/ray/outbox.py`), drained by that gateway's long poll
+(docs/design.md#delivery) — and its part in host death (docs/design.md#host-death): a lifeline
+the Directory holds, and the adoption of a dead host's conversations that had a turn in flight.
+And its part in generations (docs/design.md#generations): a host serves one configuration
+generation; once a newer one is current it drains — passivates each conversation when no turn
+runs there, tells the gateways watching it to watch it on its new host (`Relocated`), and is
+retired once it holds nothing.
 Everything it needs arrives in its `RayConfig`: the store URL, the profiles, the scripts, the tool
 registry; it reads nothing from its process environment.
 """
@@ -19,10 +20,7 @@ import contextlib
 import gc
 import logging
 import os
-import time
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,34 +33,18 @@ from actors.hosting.host import HostCore
 from actors.llm.scripts import register_script
 from actors.llm.stream import stream_model, warm_up
 from actors.ray.config import RayConfig
-from actors.ray.names import DIRECTORY_NAME, NAMESPACE, get_or_create, is_dedicated, placement, tool_pool
+from actors.ray.names import DIRECTORY_NAME, NAMESPACE, is_dedicated, placement, tool_pool
+from actors.ray.outbox import Outboxes, Relocated
+from actors.ray.singletons import get_or_create
 from actors.ray.tool_pool import ToolPoolActor, ToolPoolClient
 from actors.store import store_from_url
 from protocol.events import Event
 
 log = logging.getLogger("reactgate.ray.host")
 
-GATEWAY_TIMEOUT_S = 60.0     # a gateway that has not polled for this long is presumed gone
-POLL_GATHER_S = 0.005        # a gateway's polls are answered at most this often (events batch up)
 HEARTBEAT_S = 5.0            # re-registration: a restarted Directory starts empty
 ADOPT_CONCURRENCY = 16       # activations at once when adopting a dead host's conversations
 DRAIN_CHECK_S = 0.2          # a draining host passivates a conversation this soon after its turn ends
-
-
-@dataclass(frozen=True)
-class Registration:
-    """The Directory's answer to a host's registration or heartbeat."""
-
-    known: bool          # False: a restarted Directory did not know this host: re-claim what it hosts
-    wants_config: bool   # the Directory has no RayConfig to build replacements from: send it
-
-
-@dataclass(frozen=True)
-class Relocated:
-    """In a gateway's poll batch, among the events: this host passivated the conversation while
-    draining, and will not publish its events again. Watch it wherever it activates next."""
-
-    conversation_id: str
 
 
 class WrongHost(Exception):
@@ -93,10 +75,7 @@ class ConversationHost:
         self._drainer: asyncio.Task[None] | None = None
         self._core: HostCore | None = None
         self._starting: asyncio.Lock | None = None
-        self._outboxes: dict[str, list[Event | Relocated]] = {}
-        self._wakeups: dict[str, asyncio.Event] = {}
-        self._watches: dict[tuple[str, str], Callable[[], None]] = {}  # (gateway, conversation) → unsubscribe
-        self._last_poll: dict[str, float] = {}
+        self._outboxes = Outboxes()
         self._retire = False
         self._beating: asyncio.Task[None] | None = None
         self._handle = ray.get_runtime_context().current_actor  # this incarnation, for the lifeline
@@ -159,10 +138,7 @@ class ConversationHost:
                     taken = await self._directory.reclaim.remote(self.name, self.incarnation, self._core.active_ids)
                     if taken:
                         log.error("%s: %d conversations active here are claimed by another host", self.name, len(taken))
-            now = time.monotonic()
-            for gateway, seen in list(self._last_poll.items()):
-                if now - seen > GATEWAY_TIMEOUT_S:
-                    self._drop_gateway(gateway)
+            self._outboxes.forget_silent()
 
     # -- the calls a gateway makes ----------------------------------------------------------------
 
@@ -228,21 +204,13 @@ class ConversationHost:
             for cid in core.active_ids:
                 try:
                     if await core.passivate(cid):
-                        self._relocated(cid)
+                        self._outboxes.relocated(cid)
                 except Exception:
                     log.exception("%s: passivating %s while draining failed", self.name, cid)
             if not core.active_ids:
                 await self._directory.retire.remote(self.name)  # ends this process
                 return
             await asyncio.sleep(DRAIN_CHECK_S)
-
-    def _relocated(self, conversation_id: str) -> None:
-        for gateway, cid in [key for key in self._watches if key[1] == conversation_id]:
-            self._watches.pop((gateway, cid))()
-            box = self._outboxes.get(gateway)
-            if box is not None:
-                box.append(Relocated(cid))
-                self._wakeups[gateway].set()
 
     async def ready(self) -> str:
         """Open the store and load LiteLLM now, so no conversation's first turn pays for it."""
@@ -266,17 +234,7 @@ class ConversationHost:
         whose host died resumes on its new host as soon as a gateway watches it)."""
         self._serves(generation)
         core = await self._ready()
-        key = (gateway_id, conversation_id)
-        self._outboxes.setdefault(gateway_id, [])
-        self._wakeups.setdefault(gateway_id, asyncio.Event())
-        self._last_poll.setdefault(gateway_id, time.monotonic())
-        if key not in self._watches:
-            def deliver(batch: Sequence[Event], gateway: str = gateway_id) -> None:
-                box = self._outboxes.get(gateway)
-                if box is not None:
-                    box.extend(batch)
-                    self._wakeups[gateway].set()
-            self._watches[key] = core.listen(conversation_id, deliver)
+        self._outboxes.watch(gateway_id, conversation_id, core.listen)
         await core.activate(conversation_id)
         return self.incarnation
 
@@ -286,27 +244,11 @@ class ConversationHost:
         return int(await core.activate(conversation_id))
 
     async def unwatch(self, gateway_id: str, conversation_id: str) -> None:
-        unsubscribe = self._watches.pop((gateway_id, conversation_id), None)
-        if unsubscribe is not None:
-            unsubscribe()
+        self._outboxes.unwatch(gateway_id, conversation_id)
 
     async def poll(self, gateway_id: str, timeout_s: float = 1.0) -> list[Event | Relocated]:
         """One batch of everything pending for a gateway: one call per batch, never per delta."""
-        previous = self._last_poll.get(gateway_id, 0.0)
-        self._last_poll[gateway_id] = time.monotonic()
-        wake = self._wakeups.setdefault(gateway_id, asyncio.Event())
-        box = self._outboxes.setdefault(gateway_id, [])
-        if not box:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), timeout_s)
-        # At most one answer per POLL_GATHER_S: under load the events of many conversations gather
-        # into one Ray call instead of one call per event or two (bench/README.md, `load_300.py`).
-        gather = previous + POLL_GATHER_S - time.monotonic()
-        if gather > 0:
-            await asyncio.sleep(gather)
-        wake.clear()
-        batch, self._outboxes[gateway_id] = self._outboxes.get(gateway_id, []), []
-        return batch
+        return await self._outboxes.poll(gateway_id, timeout_s)
 
     async def idle(self, conversation_id: str, *, generation: str | None = None) -> None:
         self._serves(generation)
@@ -329,10 +271,3 @@ class ConversationHost:
     async def shutdown(self) -> None:
         if self._core is not None:
             await self._core.close()
-
-    def _drop_gateway(self, gateway_id: str) -> None:
-        for key in [k for k in self._watches if k[0] == gateway_id]:
-            self._watches.pop(key)()
-        self._outboxes.pop(gateway_id, None)
-        self._wakeups.pop(gateway_id, None)
-        self._last_poll.pop(gateway_id, None)

@@ -1,12 +1,13 @@
 """Where the named actors live: every gateway and host finds them by these names, never by a handle
 passed around (docs/design.md#hosting).
+
+Pure: no Ray here (creating them is `actors/ray/singletons.py`), so the Directory's core reasons
+about host names in unit tests without a cluster.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-import ray
 
 NAMESPACE = "reactgate"
 DIRECTORY_NAME = "reactgate-directory"   # one per cluster, across generations: single activation needs one authority
@@ -49,20 +50,6 @@ ACTOR_RESOURCE_SHARE = 0.001            # of `RayConfig.actor_resource`: a place
 def placement(actor_resource: str | None) -> dict[str, Any]:
     """Ray actor options that keep an actor on the nodes offering `actor_resource` (if any)."""
     return {"resources": {actor_resource: ACTOR_RESOURCE_SHARE}} if actor_resource else {}
-
-
-def get_or_create(actor_cls: Any, name: str, *args: Any, **options: Any) -> Any:
-    """Create a named actor, or take the one that exists. Creation is atomic in Ray's GCS: of two
-    racing creators, one gets ValueError and takes the winner's actor (never get_if_exists, which
-    has had races)."""
-    try:
-        return ray.get_actor(name, namespace=NAMESPACE)
-    except ValueError:
-        pass
-    try:
-        return actor_cls.options(name=name, namespace=NAMESPACE, lifetime="detached", **options).remote(*args)
-    except ValueError:
-        return ray.get_actor(name, namespace=NAMESPACE)
 
 
 def sharded_index(host: str) -> int | None:

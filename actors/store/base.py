@@ -29,7 +29,7 @@ from typing import Any, Final, Generic, Protocol, TypeVar, runtime_checkable
 
 import msgspec
 
-from actors.hosting.backend import Owner
+from actors.identity import Owner
 from actors.quotas import QuotaCharge, QuotaCounter
 from protocol.events import Event, decode_data, encode_data
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import psycopg
 
-from actors.hosting.backend import Owner
+from actors.identity import Owner
 from actors.quotas import QuotaCharge, QuotaCounter
 from actors.store.base import (
     DEFAULT_READ_LIMIT,

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from actors.hosting.backend import Owner
+from actors.identity import Owner
 from actors.quotas import QuotaCharge, QuotaCounter
 from actors.store.base import (
     DEFAULT_READ_LIMIT,
