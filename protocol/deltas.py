@@ -8,7 +8,9 @@ round engine never knows where a delta came from.
 
 They are frozen msgspec Structs, tagged, so a native round's output is recorded as the deltas
 themselves (`encode_deltas`/`decode_deltas`, docs/design.md#replay), and built for cheap: one per
-provider chunk.
+provider event (≈65 ns, against ≈365 ns for a frozen dataclass), untracked by the garbage collector
+since they hold only strings and integers. A consumer dispatches on `type(delta)` and passes over a
+type it does not read, so the channel protocol reads `ModelDelta`s and nothing else.
 """
 
 from __future__ import annotations
@@ -19,31 +21,31 @@ from typing import Final
 import msgspec
 
 
-class ModelDelta(msgspec.Struct, frozen=True, tag="text"):
+class ModelDelta(msgspec.Struct, frozen=True, gc=False, tag="text"):
     """Content text: the whole response in the channel protocol; the answer lane natively."""
 
     text: str
 
 
-class ReasoningDelta(msgspec.Struct, frozen=True, tag="reasoning"):
+class ReasoningDelta(msgspec.Struct, frozen=True, gc=False, tag="reasoning"):
     """Provider reasoning (`reasoning_content` / `reasoning`, Anthropic `thinking`): the thinking lane."""
 
     text: str
 
 
-class ReasoningSignature(msgspec.Struct, frozen=True, tag="signature"):
+class ReasoningSignature(msgspec.Struct, frozen=True, gc=False, tag="signature"):
     """The signature that closes an Anthropic thinking block. Never shown; sent back unchanged."""
 
     signature: str
 
 
-class RedactedReasoning(msgspec.Struct, frozen=True, tag="redacted"):
+class RedactedReasoning(msgspec.Struct, frozen=True, gc=False, tag="redacted"):
     """An Anthropic `redacted_thinking` block, as it came. Never shown; sent back unchanged."""
 
     data: str
 
 
-class ToolCallStart(msgspec.Struct, frozen=True, tag="call"):
+class ToolCallStart(msgspec.Struct, frozen=True, gc=False, tag="call"):
     """A native function call begins: its position in the message, the provider's id, its name."""
 
     index: int
@@ -51,14 +53,14 @@ class ToolCallStart(msgspec.Struct, frozen=True, tag="call"):
     name: str
 
 
-class ToolCallArgs(msgspec.Struct, frozen=True, tag="args"):
+class ToolCallArgs(msgspec.Struct, frozen=True, gc=False, tag="args"):
     """A fragment of a call's JSON arguments, as the provider split them."""
 
     index: int
     fragment: str
 
 
-class ToolCallEnd(msgspec.Struct, frozen=True, tag="call_end"):
+class ToolCallEnd(msgspec.Struct, frozen=True, gc=False, tag="call_end"):
     """A call's arguments are complete (readers end every started call before the message ends)."""
 
     index: int
