@@ -41,6 +41,7 @@ from protocol.channels import (
     ChannelViolation,
     ParserEvent,
 )
+from protocol.deltas import ModelDelta, ModelOutput
 from protocol.events import (
     AcceptedAction,
     AnswerDelta,
@@ -50,6 +51,7 @@ from protocol.events import (
     StreamedState,
     ThinkingDelta,
 )
+from protocol.native import NativeDecoder
 from protocol.notices import Notice, NoticeCode
 from protocol.prefix import PrefixPolicy
 
@@ -66,6 +68,10 @@ class ToolCallReady:
 
 
 RoundEvent = ThinkingDelta | AnswerDelta | ToolCallReady
+
+# The violation of a response with nothing to act on, in each decision protocol's terms.
+CHANNELS_EMPTY = "a response needs at least one <channel:action> block"
+NATIVE_EMPTY = "a response needs an answer or a tool call"
 
 # -- the verdict -----------------------------------------------------------------------------------
 
@@ -121,12 +127,14 @@ def interrupted_round(turn_id: str, round_no: int, notice: Notice) -> RoundCompl
 class RoundEngine:
     """Governs one round. Feed it raw deltas (any size); then `finish()`."""
 
-    def __init__(self, rules: RoundRules, *, turn_id: str, round_no: int) -> None:
+    def __init__(self, rules: RoundRules, *, turn_id: str, round_no: int, native: NativeDecoder | None = None) -> None:
         self.rules = rules
         self.turn_id = turn_id
         self.round_no = round_no
         self._prefix = PrefixPolicy()
         self._parser = ChannelParser()
+        self._native = native                           # the native decoder, in a native round (docs/design.md#native)
+        self._deltas: list[ModelOutput] = []            # ... and what it was fed
         self._gates: list[Gate] = []
         self._accepted: list[Candidate] = []
         self._answers: dict[int, list[str]] = {}        # index → every decoded final_answer piece
@@ -156,9 +164,33 @@ class RoundEngine:
             self._on(event, out)
         return out
 
+    def feed_delta(self, delta: ModelOutput) -> list[RoundEvent]:
+        """A typed model delta: the channel protocol reads its text; a native round reads all of it."""
+        native = self._native
+        if native is None:
+            return self.feed(delta.text) if type(delta) is ModelDelta else []  # type: ignore[union-attr]
+        if self.finished:
+            return []
+        self._deltas.append(delta)
+        if type(delta) is ModelDelta:
+            self._raw.append(delta.text)  # type: ignore[union-attr]
+        out: list[RoundEvent] = []
+        for event in native.feed(delta):
+            self._on(event, out)
+        return out
+
+    @property
+    def native(self) -> bool:
+        return self._native is not None
+
     def raw_text(self) -> str:
-        """What the model wrote so far — only ever shown to a model after a steer (docs/design.md#steer)."""
+        """What the model wrote so far (natively: its content) — only ever shown to a model after a
+        steer (docs/design.md#steer) or to be continued."""
         return "".join(self._raw)
+
+    def raw_deltas(self) -> list[ModelOutput]:
+        """A native round's output as the deltas it came in (docs/design.md#replay)."""
+        return list(self._deltas)
 
     def answer_text(self) -> str:
         """The answer characters the user has seen so far in this round."""
@@ -172,7 +204,11 @@ class RoundEngine:
 
     @property
     def continuable(self) -> bool:
-        """A `length` cut-off may be continued only while the text is still a valid prefix."""
+        """A `length` cut-off may be continued only while the text is still a valid prefix; a native
+        round only while its answer streams, with no call half-received (docs/design.md#native)."""
+        native = self._native
+        if native is not None and (not native.answer_open or native.calls_open):
+            return False
         return not self.aborted and not self._violations and not self._invalid and not self._failed
 
     def _on(self, event: ParserEvent, out: list[RoundEvent]) -> None:
@@ -206,7 +242,7 @@ class RoundEngine:
                 self._cut_action = event.index
                 if self._gates[event.index].status is not GateStatus.PENDING:
                     return  # a block the stream ended inside never runs: every block must close
-            self._action_closed(event.index, out)
+            self._action_closed(event.index, out, event.code)
         elif kind is BlockClosed:
             assert isinstance(event, BlockClosed)
             if event.channel is Channel.CODE:
@@ -233,7 +269,7 @@ class RoundEngine:
         if released:
             out.append(AnswerDelta(turn_id=self.turn_id, round=self.round_no, text=released))
 
-    def _action_closed(self, index: int, out: list[RoundEvent]) -> None:
+    def _action_closed(self, index: int, out: list[RoundEvent], code: str | None = None) -> None:
         gate = self._gates[index]
         action, violations = self._closed[index]
         if gate.status is GateStatus.PENDING:
@@ -247,9 +283,16 @@ class RoundEngine:
         if gate.status is GateStatus.DENIED:
             return
         if action is None:
+            tool_id = gate.candidate.tool_id if gate.candidate else None
+            if code == NoticeCode.TOOL_CALL_INVALID:  # a native call whose arguments are not an object
+                self._invalid[index] = Notice(
+                    code=NoticeCode.TOOL_CALL_INVALID, message=f"the call to {tool_id} was not run: its arguments are invalid",
+                    index=index, tool_id=tool_id, violations=violations,
+                )
+                return
             self._invalid[index] = Notice(
                 code=NoticeCode.SCHEMA, message=f"action {index} does not match the action schema",
-                index=index, tool_id=gate.candidate.tool_id if gate.candidate else None, violations=violations,
+                index=index, tool_id=tool_id, violations=violations,
             )
             return
         if isinstance(action, CallTool):
@@ -326,7 +369,8 @@ class RoundEngine:
         # violations it causes are dropped, the cut notice says what happened (guarantee 4,
         # docs/design.md#guarantees).
         written_violations = len(self._violations)
-        for event in self._parser.finish():
+        tail = self._parser.finish() if self._native is None else self._native.finish(stopped=stopped)
+        for event in tail:
             self._on(event, out)
         if stopped:
             del self._violations[written_violations:]
@@ -371,7 +415,7 @@ class RoundEngine:
                 notices.append(self._invalid[gate.index])
         violations = list(dict.fromkeys(self._violations))
         if not self._gates and not self._violations and not stopped:
-            violations.append("a response needs at least one <channel:action> block")
+            violations.append(NATIVE_EMPTY if self._native is not None else CHANNELS_EMPTY)
         if self._texts[Channel.CODE] and not any(
             (decl := self.rules.catalog.get(c.call.tool_id)) is not None and decl.uses_code
             for c in self._ready.values()

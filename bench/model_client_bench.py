@@ -49,10 +49,10 @@ import msgspec  # noqa: E402
 from aiohttp import web  # noqa: E402
 
 from actors.llm.call import ModelCall  # noqa: E402
-from actors.llm.deltas import ModelDelta  # noqa: E402
 from actors.llm.fast import fast_stream  # noqa: E402
 from actors.llm.scripts import CALL_INDEX_HEADER, CONVERSATION_HEADER  # noqa: E402
 from actors.llm.transport import aclose_sessions  # noqa: E402
+from protocol.deltas import ModelDelta  # noqa: E402
 from tests.fixtures.anthropic_sse import serve, transcript_events  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "Tell me about the weather in Paris."}]

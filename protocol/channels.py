@@ -110,6 +110,7 @@ class ActionClosed(msgspec.Struct, frozen=True):
     action: Action | None
     violations: tuple[str, ...]
     cut: bool = False   # the stream ended inside the block
+    code: str | None = None   # the notice code of an action that is None (default: protocol_violation.schema)
 
 
 class ChannelViolation(msgspec.Struct, frozen=True):

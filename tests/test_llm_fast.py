@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from actors.llm.anthropic_wire import AnthropicMessagesDecoder
 from actors.llm.call import STREAM_READER, ModelCall
-from actors.llm.deltas import ModelDelta, ModelFinished
+from actors.llm.deltas import ModelFinished
 from actors.llm.errors import STATUS_KINDS, ErrorKind, ProviderError, Usage, classify, error_kind
 from actors.llm.fast import Decoder, fast_stream
 from actors.llm.lite import litellm_module
@@ -34,6 +34,7 @@ from actors.llm.request import FAST_SETTINGS, build_request, fast_path_supports
 from actors.llm.scripts import CALL_INDEX_HEADER, CONVERSATION_HEADER, Round, Script
 from actors.llm.transport import aclose_sessions
 from actors.llm.wires import PROVIDER_WIRES, Wire
+from protocol.deltas import ModelDelta
 from tests.fixtures.anthropic_sse import (
     RECORDED,
     RECORDED_TEXT,

@@ -17,11 +17,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actors.llm.anthropic_wire import AnthropicMessagesDecoder
-from actors.llm.deltas import ModelDelta
 from actors.llm.errors import Fault, Usage
 from actors.llm.fast import Decoder
 from actors.llm.openai_wire import OpenAIChatDecoder
 from actors.llm.sse import MAX_EVENT_BYTES, OVERSIZED, SSEFrames, fields
+from protocol.deltas import ModelDelta
 from tests.fixtures.anthropic_sse import event, transcript_events
 
 LINE_ENDS = ("\n", "\r\n", "\r")

@@ -14,10 +14,10 @@ from typing import Any, Final
 
 import msgspec
 
-from actors.llm.deltas import ModelDelta
 from actors.llm.errors import ErrorDetail, Fault, Usage, stream_fault, unreadable
 from actors.llm.sse import OVERSIZED, SSEFrames, fields
 from actors.llm.wires import Wire
+from protocol.deltas import ModelDelta
 
 
 class _Usage(msgspec.Struct, gc=False):

@@ -1,15 +1,13 @@
 """What a model call yields, whichever reader served it (docs/design.md#overview).
 
 A reader — fast (our SSE decoders), LiteLLM's wrapper, the direct player — yields the model's
-deltas as it streams them and then one `ModelFinished`; `stream_model` adds a `ModelFallback` when
+deltas as it streams them (the family in `protocol/deltas.py`: content, reasoning, native calls)
+and then one `ModelFinished`; `stream_model` adds a `ModelFallback` when
 a model failed before its first delta and the next one takes over (docs/design.md#fallback). The
 items pass from the decoder to the round engine unchanged: one allocation per delta on the hot path,
 a frozen msgspec Struct (≈65 ns, against ≈365 ns for a frozen dataclass).
 
-The family grows by addition. A consumer dispatches on `type(item)` and passes over a type it does
-not know, so a new delta — reasoning text, a tool call's start (index, id, name), its argument
-fragments and its end, for native tool calling — joins `StreamItem` and the decoders that read it
-without a change to the readers, to `stream_model` or to a consumer that does not want it.
+A consumer dispatches on `type(item)` and passes over a type it does not read.
 """
 
 from __future__ import annotations
@@ -17,12 +15,7 @@ from __future__ import annotations
 import msgspec
 
 from actors.llm.errors import Usage
-
-
-class ModelDelta(msgspec.Struct, frozen=True, gc=False):
-    """Answer text, as the model streamed it (never empty)."""
-
-    text: str
+from protocol.deltas import ModelOutput
 
 
 class ModelFinished(msgspec.Struct, frozen=True, gc=False):
@@ -43,4 +36,4 @@ class ModelFallback(msgspec.Struct, frozen=True, gc=False):
     error: str
 
 
-StreamItem = ModelDelta | ModelFallback | ModelFinished
+StreamItem = ModelOutput | ModelFallback | ModelFinished

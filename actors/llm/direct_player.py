@@ -13,9 +13,10 @@ import contextlib
 from collections.abc import AsyncGenerator
 
 from actors.llm.call import ModelCall
-from actors.llm.deltas import ModelDelta, ModelFinished, StreamItem
+from actors.llm.deltas import ModelFinished, StreamItem
 from actors.llm.errors import ProviderError, Usage
 from actors.llm.scripts import PROVIDER, RoundFailed, play, round_to_play
+from protocol.deltas import ModelDelta
 
 _SCRIPTED = f"{PROVIDER}/"
 

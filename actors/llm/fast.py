@@ -22,7 +22,7 @@ import aiohttp
 
 from actors.llm.anthropic_wire import AnthropicMessagesDecoder
 from actors.llm.call import ModelCall
-from actors.llm.deltas import ModelDelta, ModelFinished, StreamItem
+from actors.llm.deltas import ModelFinished, StreamItem
 from actors.llm.errors import SILENCE, Fault, ProviderError, Usage, answer_fault
 from actors.llm.keys import scrub
 from actors.llm.lite import litellm_part
@@ -30,6 +30,7 @@ from actors.llm.openai_wire import OpenAIChatDecoder
 from actors.llm.request import build_request
 from actors.llm.transport import proxy_for, session
 from actors.llm.wires import Wire
+from protocol.deltas import ModelDelta
 
 
 class Decoder(Protocol):

@@ -16,11 +16,12 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from actors.llm.call import ModelCall
-from actors.llm.deltas import ModelDelta, ModelFinished, StreamItem
+from actors.llm.deltas import ModelFinished, StreamItem
 from actors.llm.errors import SILENCE, ProviderError, Usage, error_kind, error_message
 from actors.llm.keys import scrub
 from actors.llm.lite import litellm_module
 from actors.llm.scripts import PROVIDER
+from protocol.deltas import ModelDelta
 
 
 class _Silent(Exception):

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import msgspec
 
-from actors.llm.deltas import ModelDelta
 from actors.llm.errors import ErrorDetail, Fault, Usage, stream_fault, unreadable
 from actors.llm.sse import OVERSIZED, SSEFrames, fields
 from actors.llm.wires import Wire
+from protocol.deltas import ModelDelta
 
 
 class _Delta(msgspec.Struct, gc=False):

@@ -23,13 +23,14 @@ from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any, Final
 
 from actors.llm.call import ModelCall
-from actors.llm.deltas import ModelDelta, ModelFallback, ModelFinished, StreamItem
+from actors.llm.deltas import ModelFallback, ModelFinished, StreamItem
 from actors.llm.direct_player import play_directly, plays_directly
 from actors.llm.errors import ProviderError, Usage
 from actors.llm.fast import fast_stream
 from actors.llm.lite import warm_up
 from actors.llm.litellm_reader import litellm_stream
 from actors.llm.request import fast_path_supports
+from protocol.deltas import ModelDelta
 
 Reader = Callable[[ModelCall], AsyncGenerator[StreamItem, None]]
 
