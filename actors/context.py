@@ -33,8 +33,8 @@ from protocol.timeline import (
     UserMessageBlock,
 )
 
-Message = dict[str, str]
-TokenCounter = Callable[[Sequence[Mapping[str, str]]], int]
+Message = dict[str, Any]
+TokenCounter = Callable[[Sequence[Mapping[str, Any]]], int]
 
 LEDGER_MAX_CHARS: Final = 1500
 
@@ -183,19 +183,19 @@ def system_prompt(
             flags.append("uses_code")
         if decl.transitions_state:
             flags.append("changes state")
-        schema = json.dumps(_compact_schema(decl.params_schema), ensure_ascii=False)
+        schema = json.dumps(compact_schema(decl.params_schema), ensure_ascii=False)
         parts.append(f"- {decl.tool_id} ({', '.join(flags)}): {decl.description}\n  params: {schema}")
     if ledger:
         parts.append(ledger)
     return "\n".join(parts)
 
 
-def _compact_schema(schema: Any) -> Any:
+def compact_schema(schema: Any) -> Any:
     """The params schema without pydantic's titles: fewer tokens, same meaning."""
     if isinstance(schema, dict):
-        return {k: _compact_schema(v) for k, v in schema.items() if k != "title"}
+        return {k: compact_schema(v) for k, v in schema.items() if k != "title"}
     if isinstance(schema, list):
-        return [_compact_schema(v) for v in schema]
+        return [compact_schema(v) for v in schema]
     return schema
 
 
@@ -203,14 +203,29 @@ def _compact_schema(schema: Any) -> Any:
 
 
 @dataclass(slots=True)
-class _Unit:
-    message: Message
+class Unit:
+    """Messages that are kept or folded together: one, or a native call and its answers
+    (docs/design.md#native: a call is never sent without its answer)."""
+
+    messages: list[Message]
     required: bool
     tool_json: str | None = None   # the observation JSON this unit carries, if any
 
+    @property
+    def role(self) -> str:
+        return str(self.messages[0]["role"])
 
-def render_timeline(blocks: Sequence[Block], turn_id: str) -> list[_Unit]:
-    units: list[_Unit] = []
+
+Render = Callable[[Sequence[Block], str], list[Unit]]
+
+
+def _unit(message: Message, required: bool = False, tool_json: str | None = None) -> Unit:
+    return Unit([message], required, tool_json)
+
+
+def render_timeline(blocks: Sequence[Block], turn_id: str) -> list[Unit]:
+    """The timeline in the channel protocol's terms (docs/design.md#timeline)."""
+    units: list[Unit] = []
     assistant: list[str] = []
     latest_result = max(
         (i for i, b in enumerate(blocks) if isinstance(b, ToolResultBlock)), default=-1
@@ -218,7 +233,7 @@ def render_timeline(blocks: Sequence[Block], turn_id: str) -> list[_Unit]:
 
     def flush_assistant() -> None:
         if assistant:
-            units.append(_Unit({"role": "assistant", "content": "\n".join(assistant)}, required=False))
+            units.append(_unit({"role": "assistant", "content": "\n".join(assistant)}))
             assistant.clear()
 
     for i, block in enumerate(blocks):
@@ -236,26 +251,33 @@ def render_timeline(blocks: Sequence[Block], turn_id: str) -> list[_Unit]:
         else:
             flush_assistant()
             if isinstance(block, UserMessageBlock):
-                units.append(_Unit({"role": "user", "content": block.text}, required=block.turn_id == turn_id))
+                units.append(_unit({"role": "user", "content": block.text}, required=block.turn_id == turn_id))
             elif isinstance(block, ToolResultBlock):
                 payload = json.dumps(block.payload, ensure_ascii=False)
                 units.append(
-                    _Unit(
+                    _unit(
                         {"role": "user", "content": f"[observation] {block.tool_id} ({block.call_id}): {payload}"},
                         required=i == latest_result, tool_json=payload,
                     )
                 )
             elif isinstance(block, NoticeBlock):
-                units.append(_Unit({"role": "user", "content": f"[notice] {json.dumps(block.notice, ensure_ascii=False)}"},
-                                   required=False))
+                units.append(_unit({"role": "user", "content": notice_text(block.notice)}))
             elif isinstance(block, SteerBlock):
-                units.append(_Unit({"role": "user", "content": (
-                    f"[steer] The user interrupted you: {block.text}\n"
-                    f"Your interrupted output was:\n{block.interrupted_raw}\n"
-                    "Finish now: answer with complete or exit only."
-                )}, required=block.turn_id == turn_id))
+                units.append(_unit({"role": "user", "content": steer_text(block, "answer with complete or exit only")},
+                                   required=block.turn_id == turn_id))
     flush_assistant()
     return units
+
+
+def notice_text(notice: Mapping[str, Any]) -> str:
+    return f"[notice] {json.dumps(notice, ensure_ascii=False)}"
+
+
+def steer_text(block: SteerBlock, finish: str) -> str:
+    """A steer as the model reads it: the user's words, what it cut, and how to finish now."""
+    return (f"[steer] The user interrupted you: {block.text}\n"
+            f"Your interrupted output was:\n{block.interrupted_raw}\n"
+            f"Finish now: {finish}.")
 
 
 def assemble(
@@ -265,15 +287,17 @@ def assemble(
     turn_id: str,
     budget_tokens: int,
     count_tokens: TokenCounter,
+    render: Render = render_timeline,
 ) -> list[Message]:
-    """The messages for the next decision, within `budget_tokens` where that is possible at all."""
-    units = render_timeline(blocks, turn_id)
+    """The messages for the next decision, within `budget_tokens` where that is possible at all.
+    `render`: the timeline in the decision protocol's terms (channels, or native)."""
+    units = render(blocks, turn_id)
     head: Message = {"role": "system", "content": system}
-    sizes = [count_tokens([u.message]) for u in units]
+    sizes = [sum(count_tokens([m]) for m in u.messages) for u in units]
     total = count_tokens([head]) + sum(sizes)
     if total <= budget_tokens:
-        return [head, *(u.message for u in units)]
-    folded: list[_Unit] = []
+        return [head, *(m for u in units for m in u.messages)]
+    folded: list[Unit] = []
     kept = list(range(len(units)))
     for i in range(len(units)):  # oldest first
         if units[i].required:
@@ -284,11 +308,11 @@ def assemble(
         if count_tokens([head]) + count_tokens([summary]) + sum(sizes[k] for k in kept) <= budget_tokens:
             break
     summary = _summary(folded)
-    return [head, summary, *(units[k].message for k in kept)]
+    return [head, summary, *(m for k in kept for m in units[k].messages)]
 
 
-def _summary(folded: Sequence[_Unit]) -> Message:
-    users = sum(1 for u in folded if u.message["role"] == "user" and u.tool_json is None)
+def _summary(folded: Sequence[Unit]) -> Message:
+    users = sum(1 for u in folded if u.role == "user" and u.tool_json is None)
     observations = [u for u in folded if u.tool_json is not None]
     text = (
         f"[summary] {len(folded)} earlier messages were folded to fit the context: "

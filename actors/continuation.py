@@ -49,13 +49,17 @@ class RestartCheck:
     A model asked to continue a cut response sometimes starts over instead. Fed into the round's
     decoder, a restart would land inside the answer string and reach the user as answer text. The
     continuation's first characters are held back until they show which it is: a restart opens a
-    new response (`<channel:thinking>`) or repeats the answer from its beginning.
+    new response (`opening`: `<channel:thinking>` in the channel protocol, none natively) or repeats
+    the answer from its beginning. `trim`: the whitespace a prefill had to leave off the answer so
+    far (docs/design.md#native); the continuation's own copy of it is dropped, never shown twice.
     """
 
-    __slots__ = ("_held", "_probe", "decided")
+    __slots__ = ("_held", "_opening", "_probe", "_trim", "decided")
 
-    def __init__(self, answer_so_far: str) -> None:
+    def __init__(self, answer_so_far: str, *, opening: str | None = OPENING, trim: str = "") -> None:
         self._probe = answer_so_far.lstrip()[:PROBE_CHARS]
+        self._opening = opening or ""
+        self._trim = trim
         self._held = ""
         self.decided = False
 
@@ -65,7 +69,8 @@ class RestartCheck:
             return delta
         self._held += delta
         head = self._held.lstrip()
-        if len(head) < PROBE_CHARS and (OPENING.startswith(head) or self._probe.startswith(head)):
+        if len(head) < PROBE_CHARS and ((self._opening and self._opening.startswith(head))
+                                        or self._probe.startswith(head)):
             return ""  # still undecided
         return self._decide(head)
 
@@ -75,8 +80,14 @@ class RestartCheck:
 
     def _decide(self, head: str) -> str | None:
         self.decided = True
-        if head and (head.startswith(OPENING[: len(head)]) or (len(self._probe) >= PROBE_CHARS
-                                                            and head.startswith(self._probe))):
+        opening = self._opening
+        if head and ((opening and head.startswith(opening[: len(head)]))
+                     or (len(self._probe) >= PROBE_CHARS and head.startswith(self._probe))):
             return None
         held, self._held = self._held, ""
+        if self._trim:
+            kept = held.lstrip()
+            dropped = held[: len(held) - len(kept)]
+            if self._trim.startswith(dropped) or dropped.startswith(self._trim):
+                held = held[min(len(dropped), len(self._trim)):]
         return held

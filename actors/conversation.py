@@ -21,7 +21,9 @@ import msgspec
 
 from actors.catalog import Catalog, ToolExecutor
 from actors.context import Step, TokenCounter
+from actors.decision import decision_for
 from actors.eventlog import EventLog
+from actors.llm.lite import litellm_module
 from actors.llm.stream import ModelDelta, ModelFinished, StreamItem
 from actors.profile import AgentProfile, Policies
 from actors.quotas import Quota, QuotaLimits, Scope, estimate_tokens
@@ -69,24 +71,24 @@ StreamModel = Callable[..., AsyncGenerator[Any, None]]
 
 
 def litellm_token_counter(model: str) -> TokenCounter:
-    def count(messages: Sequence[Mapping[str, str]]) -> int:
+    def count(messages: Sequence[Mapping[str, Any]]) -> int:
         if len(messages) == 1:
-            return _count_one(model, tuple(messages[0].items()))
-        import litellm
-
-        return int(litellm.token_counter(model=model, messages=list(messages)))
+            return _count_one(model, _ENCODE(messages[0]))
+        return int(litellm_module().token_counter(model=model, messages=list(messages)))
 
     return count
 
 
+_ENCODE = msgspec.json.Encoder().encode
+
+
 @functools.lru_cache(maxsize=4096)
-def _count_one(model: str, message: tuple[tuple[str, str], ...]) -> int:
+def _count_one(model: str, message: bytes) -> int:
     """One message's count, kept: the context is counted message by message before every model call
     (actors/context.py `assemble`), and a message's count never changes. Uncached, this was the
-    largest item of a host's CPU at 300 conversations (bench/README.md, `load_300.py`)."""
-    import litellm
-
-    return int(litellm.token_counter(model=model, messages=[dict(message)]))
+    largest item of a host's CPU at 300 conversations (bench/README.md, `load_300.py`). The key is
+    the message's JSON: a native one holds lists and objects (its `tool_calls`)."""
+    return int(litellm_module().token_counter(model=model, messages=[msgspec.json.decode(message)]))
 
 
 @dataclass
@@ -108,6 +110,7 @@ class Conversation:
         self.runtime = runtime
         self.events = events
         self._catalog = profile.catalog_from(runtime.registry.catalog())
+        self.decision = decision_for(profile.decision, self._catalog, profile.policies)
         self._count_tokens = runtime.count_tokens or litellm_token_counter(profile.model)
         self._model_settings = {m: profile.settings_for(m) for m in profile.models}
         self._answers: dict[str, asyncio.Future[str]] = {}
@@ -294,15 +297,17 @@ class Conversation:
     def validate_params(self, tool_id: str, params: Mapping[str, object]) -> list[str]:
         return self.runtime.registry.validate_params(tool_id, params)[1]
 
-    def stream(self, messages: list[dict[str, str]], models: Sequence[str] | None = None) -> AsyncIterator[StreamItem]:
-        """One model call: the profile's model and fallbacks, or `models` (a continuation that moved on)."""
+    def stream(self, messages: list[dict[str, Any]], models: Sequence[str] | None = None,
+               tools: Sequence[Mapping[str, Any]] | None = None) -> AsyncIterator[StreamItem]:
+        """One model call: the profile's model and fallbacks, or `models` (a continuation that moved
+        on); `tools`: the functions a native round offers."""
         # Exact usage costs LiteLLM's end-of-stream rebuild (actors/llm/lite.py): asked for only
         # when a token quota can refuse something; otherwise characters are counted.
         usage = {"include_usage": True} if self._exact_usage else {}
         items: AsyncIterator[StreamItem] = self.runtime.stream_model(
             tuple(models or self.profile.models), messages, conversation_id=self.conversation_id,
             next_call_index=self._next_call_index, idle_timeout_s=self.policies.stream_idle_timeout_s,
-            settings=self._model_settings, **usage, **self.runtime.model_kwargs,
+            settings=self._model_settings, **usage, **({"tools": tools} if tools else {}), **self.runtime.model_kwargs,
         )
         if self.on_usage is None:
             return items

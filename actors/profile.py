@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from actors.catalog import Catalog, Safety, Trait
+from protocol.native import function_name
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "builtin"
 DEMO_PROFILE = BUILTIN_DIR / "demo.toml"
@@ -62,6 +63,7 @@ class Policies(BaseModel):
     stream_idle_timeout_s: PositiveSeconds = 60   # silence after the first delta that cuts the stream
     context_budget_tokens: PositiveInt = 32000
     flush_interval_ms: NonNegativeInt = 25        # 0: no coalescing
+    preamble_hold_chars: NonNegativeInt = 120     # native: content held back to tell a preamble from an answer
 
 
 # -- MCP servers (docs/design.md#mcp-servers): declared here, talked to by actors/tools/mcp.py ------
@@ -194,11 +196,17 @@ class ModelSettings(BaseModel):
         return self.model_dump(exclude_none=True)
 
 
+# How the model states its decisions (docs/design.md#decision-protocol, #native): channel-tagged text
+# with JSON action blocks, or the model's own function calling.
+Decision = Literal["channels", "native"]
+
+
 class AgentProfile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: Name
     model: Name
+    decision: Decision = "channels"
     fallbacks: tuple[Name, ...] = ()
     # Placed in the system prompt ahead of the protocol rules. `instructions_file` (relative to the
     # profile) is read when the profile is loaded, into `instructions`.
@@ -252,6 +260,12 @@ class AgentProfile(BaseModel):
             for state in tool.states or ():
                 if state not in states:
                     out.append((f"tools[{i}].states", f"{state!r} is not one of the states {list(self.states)}"))
+        if self.decision == "native":  # a function name must say which tool it calls
+            by_name: dict[str, str] = {}
+            for tool_id in self.tool_ids:
+                other = by_name.setdefault(function_name(tool_id), tool_id)
+                if other != tool_id:
+                    out.append(("tools", f"{other!r} and {tool_id!r} both become the function {function_name(tool_id)!r}"))
         names: set[str] = set()
         for i, server in enumerate(self.mcp_servers):
             if server.name in names:

@@ -28,8 +28,10 @@ from typing import Final
 import msgspec
 
 from actors.catalog import ASK_USER_TOOL, Catalog, Observation, ToolCall, Trait, spend_exploration
+from actors.decision import decision_for
+from actors.native import is_native
 from actors.profile import AgentProfile
-from actors.round import RoundEngine, RoundResult, ToolCallReady
+from actors.round import RoundResult, ToolCallReady
 from actors.store.base import RoundOutput
 from actors.tools.registry import ToolRegistry
 from actors.turn_machine import BUDGET_REACHED, Budget, End, Execute, TurnMachine, TurnProgress
@@ -328,9 +330,12 @@ class _TurnReplayer:
         # and a steer during tool execution shows only in the next round's phase.
         rules = self.machine.rules(self.gov.catalog, state=self.state, mode=Mode(output.mode),
                                    finalize=output.phase == "finalize", validate_params=self.gov.validate_params)
-        engine = RoundEngine(rules, turn_id=turn_id, round_no=number)
+        # A round replays in the decision protocol it was recorded in: the model's output is held fixed.
+        decision = decision_for("native" if is_native(output.raw) else "channels", self.gov.catalog,
+                                self.gov.profile.policies)
+        engine = decision.engine(rules, turn_id=turn_id, round_no=number)
         cut = next((n for n in reversed(recorded.notices) if n.code in CUT_CODES), None)
-        streamed = engine.feed(output.raw) if output.raw else []
+        streamed = decision.feed(engine, output.raw)
         tail, result = engine.finish(cut=cut, interrupted=recorded.steered)
         streamed += tail
         thinking = "".join(e.text for e in streamed if isinstance(e, ThinkingDelta))

@@ -183,6 +183,11 @@ class RoundEngine:
     def native(self) -> bool:
         return self._native is not None
 
+    @property
+    def has_output(self) -> bool:
+        """The model wrote something this round: text, reasoning or a call."""
+        return bool(self._raw) or bool(self._deltas)
+
     def raw_text(self) -> str:
         """What the model wrote so far (natively: its content) — only ever shown to a model after a
         steer (docs/design.md#steer) or to be continued."""

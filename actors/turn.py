@@ -21,8 +21,9 @@ import msgspec
 
 from actors import tracing
 from actors.catalog import Catalog, Observation, ToolCall, ToolExecutor
-from actors.context import Step, assemble, ledger_summary, params_digest, system_prompt
-from actors.continuation import CONTINUE_PROMPT, CUT_PROMPT, RestartCheck, continue_messages, rebuilt_response
+from actors.context import Step, params_digest
+from actors.continuation import RestartCheck
+from actors.decision import Decision
 from actors.gates import RoundRules
 from actors.llm.stream import ModelDelta, ModelFallback, ModelFinished, ProviderError, StreamItem
 from actors.profile import Policies
@@ -54,7 +55,6 @@ from actors.turn_machine import (
     continuation_models,
     cut_notice,
 )
-from protocol.channels import json_escape
 from protocol.events import (
     AskUser,
     EndReason,
@@ -112,6 +112,8 @@ class TurnContext(Protocol):
     def ledger(self) -> Sequence[Step]: ...
     @property
     def max_tool_calls(self) -> int | None: ...   # the tool-calls-per-turn quota (docs/design.md#quotas)
+    @property
+    def decision(self) -> Decision: ...           # the profile's decision protocol (docs/design.md#native)
 
     def emit(self, data: EventData) -> None: ...
     def record_output(self, output: RoundOutput) -> None: ...
@@ -120,7 +122,8 @@ class TurnContext(Protocol):
     def checkpoint(self) -> Awaitable[None] | None: ...
     def validate_params(self, tool_id: str, params: Mapping[str, object]) -> list[str]: ...
     def count_tokens(self, messages: Sequence[Mapping[str, str]]) -> int: ...
-    def stream(self, messages: list[dict[str, str]], models: Sequence[str] | None = None) -> AsyncIterator[StreamItem]: ...
+    def stream(self, messages: list[dict[str, Any]], models: Sequence[str] | None = None,
+               tools: Sequence[Mapping[str, Any]] | None = None) -> AsyncIterator[StreamItem]: ...
     def set_agent_state(self, state: str) -> None: ...
     def expect_answer(self, ask_id: str) -> asyncio.Future[str]: ...
     def forget_answer(self, ask_id: str) -> None: ...
@@ -189,8 +192,8 @@ class Turn:
         If the user saw part of an answer, the round goes on: it is rebuilt from the durable events
         and continued from exactly what streamed (never regenerated, never cut short). Else every
         announced call gets an error observation and the turn decides again after a notice."""
-        cut = self.machine.progress.cut
-        raw = cut.raw + json_escape(answer) if cut is not None else rebuilt_response(thinking, announced, answer)
+        cut, decision = self.machine.progress.cut, self.ctx.decision
+        raw = decision.extended(cut.raw, answer) if cut is not None else decision.rebuilt(thinking, announced, answer)
         if self.machine.crash_cut(answer_shown=bool(answer), raw=raw):
             return
         round_no = self._round_no
@@ -250,7 +253,7 @@ class Turn:
                 started = m.start_round()
                 if isinstance(started, End):
                     return started
-                engine = RoundEngine(self._rules(), turn_id=self.turn_id, round_no=started)
+                engine = self.ctx.decision.engine(self._rules(), turn_id=self.turn_id, round_no=started)
             self._trace.round(self._round_no, str(m.phase))
             try:
                 result = await self._inner_task(self._generate(engine, resumed=cut))
@@ -289,8 +292,9 @@ class Turn:
     def _replay(self, cut: CutRound) -> RoundEngine:
         """The cut round's engine, fed what the durable log holds. Its events already reached the
         clients: nothing is emitted again; announced calls are owed their observation as before."""
-        engine = RoundEngine(self._rules(), turn_id=self.turn_id, round_no=cut.round_no)
-        for event in engine.feed(cut.raw):
+        decision = self.ctx.decision
+        engine = decision.engine(self._rules(), turn_id=self.turn_id, round_no=cut.round_no, rebuilt=True)
+        for event in decision.feed(engine, cut.raw):
             if type(event) is ToolCallReady:
                 self._unobserved[event.call.call_id] = event.call
         return engine
@@ -323,20 +327,6 @@ class Turn:
         ctx = self.ctx
         return self.machine.rules(ctx.catalog, state=ctx.agent_state, mode=ctx.mode, validate_params=ctx.validate_params)
 
-    def _messages(self, rules: RoundRules) -> list[dict[str, str]]:
-        ctx, pol = self.ctx, self.ctx.policies
-        tools = [d for d in ctx.catalog if rules.tool_available(d.tool_id)] if not rules.finalize_only else []
-        system = system_prompt(
-            agent=ctx.agent_name, state=rules.state, mode=rules.mode, tools=tools,
-            max_actions=pol.max_actions_per_round, exploration_cap=self.machine.exploration_cap,
-            allow_no_tool=self.machine.allows_no_tool, ledger=ledger_summary(ctx.ledger),
-            instructions=ctx.instructions,
-        )
-        return assemble(
-            system, ctx.timeline, turn_id=self.turn_id,
-            budget_tokens=pol.context_budget_tokens, count_tokens=ctx.count_tokens,
-        )
-
     async def _generate(self, engine: RoundEngine, resumed: CutRound | None = None) -> RoundResult:
         """The one round driver: model streams into the engine until the machine says the round is
         over (`CONTINUATION`: continue after a length cut-off or a connection cut, docs/design.md#continuation).
@@ -344,14 +334,17 @@ class Turn:
         durable text with a continuation."""
         self._streaming = True
         self._models = []
+        ctx, m = self.ctx, self.machine
         try:
-            base = self._messages(engine.rules)
-            messages, models, restart = base, None, None
+            base, tools = ctx.decision.request(ctx, engine.rules, turn_id=self.turn_id,
+                                               allow_no_tool=m.allows_no_tool, exploration_cap=m.exploration_cap)
+            models: list[str] | None = None
             continuations = resumed.continuations if resumed is not None else 0
-            end, failure = (StreamEnd.CRASH, None) if resumed is not None else await self._stream(engine, base, None, None)
+            end, failure = ((StreamEnd.CRASH, None) if resumed is not None
+                            else await self._stream(engine, base, None, None, tools))
             while True:
-                holds = Holds.ANSWER if engine.answer_streamed else Holds.TEXT if engine.raw_text() else Holds.NOTHING
-                then = self.machine.continuation(end, holds, continuable=engine.continuable, continuations=continuations)
+                holds = Holds.ANSWER if engine.answer_streamed else Holds.TEXT if engine.has_output else Holds.NOTHING
+                then = m.continuation(end, holds, continuable=engine.continuable, continuations=continuations)
                 if then is Then.END:
                     return self._finish_engine(engine)
                 if then is Then.CUT:
@@ -360,26 +353,26 @@ class Turn:
                                         mid_response=failure.after_first_delta if failure else True)
                     return self._finish_cut(engine, notice)
                 continuations += 1
-                if end is StreamEnd.LENGTH:
-                    messages, restart = continue_messages(base, engine.raw_text(), CONTINUE_PROMPT), None
-                else:
-                    if failure is not None:
-                        models = self._continuation_models(failure)
-                    messages = continue_messages(base, engine.raw_text(), CUT_PROMPT)
-                    restart = RestartCheck(engine.answer_text())
-                end, failure = await self._stream(engine, messages, models, restart)
+                if failure is not None:
+                    models = self._continuation_models(failure)
+                model = (models or ctx.profile_models)[0]
+                messages, restart = ctx.decision.continuation(base, engine, end, model)
+                end, failure = await self._stream(engine, messages, models, restart, tools)
         finally:
             self._streaming = False
 
     async def _stream(
-        self, engine: RoundEngine, messages: list[dict[str, str]], models: list[str] | None, restart: RestartCheck | None,
+        self, engine: RoundEngine, messages: list[dict[str, Any]], models: list[str] | None,
+        restart: RestartCheck | None, tools: list[dict[str, Any]] | None,
     ) -> tuple[StreamEnd, ProviderError | None]:
         """One model call into the engine; how it ended. A restarted continuation never reaches the
-        user; the prefix policy's abort closes the provider stream at once."""
+        user; the prefix policy's abort closes the provider stream at once. A native round's engine
+        reads every delta; the channel protocol's reads the text."""
         finish_reason: str | None = None
         model = (models or self.ctx.profile_models)[0]  # the one streaming; a fallback moves it on
+        native = engine.native
         try:
-            call = self._trace.model_call(self.ctx.stream(messages, models), model)
+            call = self._trace.model_call(self.ctx.stream(messages, models, tools), model)
             async with contextlib.aclosing(call) as stream:  # type: ignore[type-var]
                 async for item in stream:
                     if type(item) is ModelDelta:
@@ -388,7 +381,8 @@ class Turn:
                             return StreamEnd.RESTARTED, None
                         if text and model not in self._models:
                             self._models.append(model)
-                        for event in engine.feed(text):
+                        events = engine.feed_delta(ModelDelta(text)) if native else engine.feed(text)
+                        for event in events:
                             self._stream_event(event)
                         if engine.aborted:
                             return StreamEnd.ENDED, None
@@ -397,13 +391,19 @@ class Turn:
                         self._emit(Fallback(from_model=item.from_model, to_model=item.to_model, error=item.error))
                     elif type(item) is ModelFinished:
                         finish_reason = item.finish_reason
+                    elif native and not isinstance(item, ModelFallback | ModelFinished):
+                        # reasoning, a call's start, its arguments, its end
+                        if model not in self._models:
+                            self._models.append(model)
+                        for event in engine.feed_delta(item):
+                            self._stream_event(event)
         except ProviderError as exc:
             return StreamEnd.CUT, exc
         if restart is not None:
             rest = restart.finish()
             if rest is None:
                 return StreamEnd.RESTARTED, None
-            for event in engine.feed(rest) if rest else ():
+            for event in (engine.feed_delta(ModelDelta(rest)) if native else engine.feed(rest)) if rest else ():
                 self._stream_event(event)
         return (StreamEnd.LENGTH if finish_reason == "length" and not engine.aborted else StreamEnd.ENDED), None
 
@@ -450,13 +450,17 @@ class Turn:
         # Durable with this round.completed, never shown: what the model wrote, before any gate
         # (docs/design.md#replay).
         round_no = self._round_no
+        decision = self.ctx.decision
         self.ctx.record_output(RoundOutput(
-            turn_id=self.turn_id, round=round_no, raw=engine.raw_text(), models=tuple(self._models),
+            turn_id=self.turn_id, round=round_no, raw=decision.output(engine), models=tuple(self._models),
             mode=str(engine.rules.mode), agent_state=engine.rules.state, phase=str(self.machine.phase),
         ))
         self._trace.round_outcome(str(result.outcome))
         if result.thinking:
             self.ctx.record(ThinkingBlock(self.turn_id, round_no, result.thinking))
+        message = decision.message(engine, result, turn_id=self.turn_id, round_no=round_no)
+        if message is not None:
+            self.ctx.record(message)
         for notice in result.notices:
             self.ctx.record(NoticeBlock(self.turn_id, round_no, notice.to_dict()))
             if notice.code is NoticeCode.FINISH_ILLEGAL:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from actors.catalog import Safety
+from protocol.native import function_name
 
 EXIT_OK = 0
 EXIT_PROBLEMS = 2
@@ -61,11 +62,15 @@ def check(path: Path, as_json: bool = False) -> int:
     profile = agent.profile
     if as_json:
         print(json.dumps({"ok": True, "profile": str(path), "agent": profile.name, "model": profile.model,
-                          "fallbacks": list(profile.fallbacks), "states": list(profile.states), "tools": rows},
+                          "decision": profile.decision, "fallbacks": list(profile.fallbacks),
+                          "states": list(profile.states), "tools": rows},
                          indent=2))
         return EXIT_OK
     _print_tables(path, profile, rows)
     return EXIT_OK
+
+
+DECISION_NAMES = {"channels": "channels (channel-tagged text)", "native": "native (the model's function calling)"}
 
 
 def _print_tables(path: Path, profile: Any, rows: list[dict[str, Any]]) -> None:
@@ -74,15 +79,18 @@ def _print_tables(path: Path, profile: Any, rows: list[dict[str, Any]]) -> None:
 
     console = Console(width=None if sys.stdout.isatty() else 200)  # piped: whole lines, not a folded table
     console.print(f"[bold]{profile.name}[/bold] ({path}): model {profile.model}"
-                  + (f", fallbacks {', '.join(profile.fallbacks)}" if profile.fallbacks else ""))
+                  + (f", fallbacks {', '.join(profile.fallbacks)}" if profile.fallbacks else "")
+                  + f"; decision protocol: {DECISION_NAMES[profile.decision]}")
+    native = profile.decision == "native"
     for state in profile.states:
         table = Table(title=f"state {state!r}" + (" (initial)" if state == profile.initial_state else ""))
-        for column in ("tool", "source", "trait", "safety", "uses_code", "transitions_state", "ask mode"):
+        for column in ("tool", *(("function",) if native else ()), "source", "trait", "safety", "uses_code",
+                       "transitions_state", "ask mode"):
             table.add_column(column)
         for row in rows:
             if state not in row["states"]:
                 continue
-            table.add_row(row["id"], row["source"], row["trait"], row["safety"],
+            table.add_row(row["id"], *((function_name(row["id"]),) if native else ()), row["source"], row["trait"], row["safety"],
                           "yes" if row["uses_code"] else "", "yes" if row["transitions_state"] else "",
                           "hidden" if row["hidden_in_ask_mode"] else "offered")
         console.print(table)

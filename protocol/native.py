@@ -31,6 +31,7 @@ channel (`code_tools`) gets its code as the `code` argument, which closes as the
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Mapping
 from typing import Any, Final
 
@@ -51,9 +52,16 @@ from protocol.deltas import ModelDelta, ModelOutput, ReasoningDelta, ToolCallArg
 from protocol.notices import NoticeCode
 
 CODE_ARGUMENT: Final = "code"
+_NOT_A_NAME_CHAR: Final = re.compile(r"[^A-Za-z0-9_-]")
 _NOT_JSON: Final = "the arguments are not valid JSON"
 _NOT_OBJECT: Final = "the arguments must be a JSON object"
 _DECODE: Final = msgspec.json.Decoder()
+
+
+def function_name(tool_id: str) -> str:
+    """The function a tool is offered as: its id with every character providers refuse in a name
+    (outside `[A-Za-z0-9_-]`) replaced by `_`: `demo.weather` → `demo_weather`."""
+    return _NOT_A_NAME_CHAR.sub("_", tool_id)
 
 
 class NativeDecoder:

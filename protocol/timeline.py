@@ -57,6 +57,26 @@ class SummaryBlock(msgspec.Struct, frozen=True, tag="react.summary"):
     text: str
 
 
+class NativeCall(msgspec.Struct, frozen=True):
+    """One function call of a native round, by its action index. `params` is None for a call the
+    gates refused or whose arguments were invalid: it is sent back as `{}`, its values never echoed."""
+
+    index: int
+    tool_id: str
+    params: dict[str, Any] | None = None
+
+
+class ModelMessageBlock(msgspec.Struct, frozen=True, tag="model.message"):
+    """A native round's assistant message, for the provider-shaped history (docs/design.md#native):
+    its preamble, every call it made, and the provider's signed thinking blocks as they came."""
+
+    turn_id: str
+    round: int
+    content: str = ""
+    calls: list[NativeCall] = msgspec.field(default_factory=list)
+    reasoning: list[dict[str, Any]] = msgspec.field(default_factory=list)
+
+
 class FinalBlock(msgspec.Struct, frozen=True, tag="assistant.final"):
     turn_id: str
     text: str
@@ -65,5 +85,5 @@ class FinalBlock(msgspec.Struct, frozen=True, tag="assistant.final"):
 
 Block = (
     UserMessageBlock | ThinkingBlock | ToolCallBlock | ToolResultBlock | NoticeBlock | SteerBlock
-    | SummaryBlock | FinalBlock
+    | SummaryBlock | ModelMessageBlock | FinalBlock
 )

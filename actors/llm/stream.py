@@ -65,6 +65,7 @@ async def stream_model(
     idle_timeout_s: float | None = None,
     settings: Mapping[str, Mapping[str, Any]] | None = None,
     include_usage: bool = False,
+    tools: Sequence[Mapping[str, Any]] = (),
 ) -> AsyncGenerator[StreamItem, None]:
     """Stream one model answer, falling back along `models` while nothing has been delivered.
 
@@ -77,6 +78,7 @@ async def stream_model(
     the chunk after the finish chunk (see `lite.LEAN_SETTINGS` for its cost). Close it early
     (`aclose()`, or leave an `async with contextlib.aclosing(...)` block) to abort a generation:
     the reader's stream (HTTP response, LiteLLM stream, scripted playback) is closed with it.
+    `tools`: the functions a native round offers (docs/design.md#native), in OpenAI's shape.
     """
     if not models:
         raise ValueError("stream_model needs at least one model")
@@ -85,7 +87,7 @@ async def stream_model(
             call = ModelCall.resolve(
                 model, messages, (settings or {}).get(model, {}), conversation_id=conversation_id,
                 call_index=next_call_index(), api_base=api_base, api_key=api_key, max_tokens=max_tokens,
-                timeout_s=timeout_s, idle_timeout_s=idle_timeout_s, include_usage=include_usage,
+                timeout_s=timeout_s, idle_timeout_s=idle_timeout_s, include_usage=include_usage, tools=tools,
             )
             async with contextlib.aclosing(READERS[reader_for(call)](call)) as items:
                 async for item in items:
