@@ -245,7 +245,7 @@ async def test_an_answer_cut_while_still_held_was_never_shown_and_is_asked_again
 
 
 async def test_a_cut_inside_a_call_never_runs_it_and_asks_again() -> None:
-    h, model = native([
+    h, _ = native([
         NativeRound(call(0, "demo_weather", {"city": "Paris"})[:2], error="server_error"),
         tools_round(call(0, "demo_weather", {"city": "Paris"})),
         answer_round(ANSWER),
