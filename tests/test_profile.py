@@ -21,6 +21,7 @@ DOCUMENTED_DEFAULTS = {
     "max_actions_per_round": 2, "max_iterations": 15, "max_protocol_retries": 3, "finish_policy": "observe",
     "exploration_soft_cap": 7, "ask_user_timeout_s": 300, "tool_timeout_s": 30, "auto_continue_max": 2,
     "context_budget_tokens": 32000, "flush_interval_ms": 25, "stream_idle_timeout_s": 60,
+    "preamble_hold_chars": 120,
 }
 
 MINIMAL = 'name = "a"\nmodel = "openai/gpt-4o-mini"\n'
