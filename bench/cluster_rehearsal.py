@@ -648,11 +648,16 @@ def load(door: FrontDoor, conversations: int, duration_s: float) -> LoadRunner:
 
 
 async def with_fault(door: FrontDoor, row: Row, runner: LoadRunner, after_s: float,
-                     fault: Callable[[], Awaitable[None]]) -> tuple[Result, float]:
-    """Run the load; `after_s` into it, the fault. Fills `row` from the clients' side; returns the
-    result and the fault's wall time."""
+                     fault: Callable[[], Awaitable[None]], *, mid_answer: bool = False) -> tuple[Result, float]:
+    """Run the load; `after_s` into it — and with `mid_answer`, once every user's answer is streaming
+    (its first answer.delta seen, its turn not over; at most MID_ANSWER_WAIT_S more) — the fault.
+    Fills `row` from the clients' side; returns the result and the fault's wall time."""
     task = asyncio.create_task(runner.run())
     await asyncio.sleep(after_s)
+    if mid_answer:
+        deadline = time.monotonic() + MID_ANSWER_WAIT_S
+        while not _all_mid_answer(runner) and time.monotonic() < deadline and not task.done():
+            await asyncio.sleep(0.01)  # polling the clients' own state: the fault waits for the streams
     fault_at = time.time()
     await fault()
     result = await task
@@ -662,6 +667,14 @@ async def with_fault(door: FrontDoor, row: Row, runner: LoadRunner, after_s: flo
         if waits:
             row.resume_p50_s, row.resume_max_s = waits[len(waits) // 2], waits[-1]
     return result, fault_at
+
+
+MID_ANSWER_WAIT_S = 10.0
+
+
+def _all_mid_answer(runner: LoadRunner) -> bool:
+    users = getattr(runner, "users", [])
+    return bool(users) and all(u.turn is not None and u.turn.answer for u in users)
 
 
 # -- the rehearsal ------------------------------------------------------------------------------------------------
@@ -822,7 +835,7 @@ class Rehearsal:
 
                 row = Row("3 SIGKILL worker raylet", resume_from="hosts")
                 result, at = await with_fault(self.door, row, load(self.door, plan.conversations, plan.step_s),
-                                              plan.fault_after_s, kill_worker)
+                                              plan.fault_after_s, kill_worker, mid_answer=True)
                 await audit.check(row, ids(result), at)
                 after = self.operator.handovers() if self.operator else {}
                 row.note = f"hosts killed {len(doomed)}, conversations handed over {after.get('resumed', 0) - before.get('resumed', 0)}"

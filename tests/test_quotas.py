@@ -122,7 +122,7 @@ async def trips_and_resets_in_the_store(key: tuple[Quota, Scope], tmp_path: Path
     assert rule.keeper is Keeper.STORE
     members = [ALICE, BOB] if scope is Scope.TENANT else [ALICE]   # who shares the counter
     outsider = EVE if scope is Scope.TENANT else BOB               # who does not
-    limits = QuotaLimits.from_settings(Settings(**limits_for(key)))
+    limits = quota_limits(Settings(**limits_for(key)))
     clock, path = Clock(), tmp_path / "quotas.sqlite3"
 
     def member(i: int) -> Owner:
@@ -177,7 +177,7 @@ async def trips_and_resets_per_turn(key: tuple[Quota, Scope], tmp_path: Path) ->
         text_round(thinking("Done."), action(complete("It is noon."))),
         loop=True,
     ))
-    h.conv.runtime.quotas = QuotaLimits.from_settings(Settings(**limits_for(key)))
+    h.conv.runtime.quotas = quota_limits(Settings(**limits_for(key)))
     for turn in ("first", "second"):                      # the second turn: a count of its own
         before = len(h.events)
         done = await h.turn(turn)
