@@ -174,10 +174,7 @@ class Native:
         none), its preamble and its signed thinking: the round's assistant message."""
         params = {c.index: dict(c.call.params) | ({"code": c.call.code} if c.call.code is not None else {})
                   for c in result.calls}
-        tools = {a.index: a.tool_id for a in result.accepted if a.tool_id} | {
-            d.index: d.tool_id for d in result.denied if d.tool_id}
-        calls = [NativeCall(lane.index, tools.get(lane.index, ""), params.get(lane.index))
-                 for lane in result.streamed_state.lanes if lane.lane == "tool"]
+        calls = [NativeCall(index, tool_id, params.get(index)) for index, tool_id in engine.native_calls().items()]
         deltas = engine.raw_deltas()
         return ModelMessageBlock(turn_id, round_no, content=native_preamble(deltas), calls=calls,
                                  reasoning=native.thinking_blocks(deltas))

@@ -193,6 +193,10 @@ class RoundEngine:
         steer (docs/design.md#steer) or to be continued."""
         return "".join(self._raw)
 
+    def native_calls(self) -> Mapping[int, str]:
+        """A native round's calls, refused ones included: action index → tool id."""
+        return self._native.calls if self._native is not None else {}
+
     def raw_deltas(self) -> list[ModelOutput]:
         """A native round's output as the deltas it came in (docs/design.md#replay)."""
         return list(self._deltas)

@@ -125,6 +125,11 @@ class NativeDecoder:
         return events
 
     @property
+    def calls(self) -> Mapping[int, str]:
+        """Every call the model made this round: action index → tool id (refused ones included)."""
+        return self._tool_ids
+
+    @property
     def answer_open(self) -> bool:
         return self._answer is not None
 
