@@ -268,14 +268,14 @@ class ConversationDeleted(EventData, frozen=True):
 
 
 Payload = (
-    TurnStarted | ThinkingDelta | AnswerDelta | TurnCompleted | ToolCalled | ToolResult | AskUser | UiCommand
+    UserSaid | TurnStarted | ThinkingDelta | AnswerDelta | TurnCompleted | ToolCalled | ToolResult | AskUser | UiCommand
     | Fallback | RoundCompleted | TraceData | ConversationDeleted
 )
 
 # Kind name → the type its payload decodes to: the kinds a log stores.
 EVENT_KINDS: Final[dict[str, Any]] = {
     cls.KIND: cls
-    for cls in (TurnStarted, ThinkingDelta, AnswerDelta, TurnCompleted, ToolCalled, ToolResult, AskUser,
+    for cls in (UserSaid, TurnStarted, ThinkingDelta, AnswerDelta, TurnCompleted, ToolCalled, ToolResult, AskUser,
                 UiCommand, Fallback, RoundCompleted)
 }
 EVENT_KINDS[Trace.KIND] = TraceData
