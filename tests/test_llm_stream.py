@@ -429,3 +429,22 @@ async def test_a_reasoning_only_start_counts_as_the_first_delta_for_the_idle_tim
     assert items == [*shown(Round.model_validate({"native": [{"reasoning": "hm", "signature": "s"}]}))]
     assert isinstance(items[-1], ReasoningSignature)
     assert seen == ("timeout", "no chunk for 0.05 s in the middle of the response", True)
+
+
+async def test_a_by_message_script_plays_each_conversation_its_sub_script_on_both_readers() -> None:
+    model = register_script("s-by", parse_script({
+        "by_message": {"weather": {"rounds": [{"native": [{"text": "Rain."}]}]}},
+        "default": {"rounds": [{"text": "Hello."}]}}))
+    for first, expected in (("Weather in Paris?", "Rain."), ("hi", "Hello.")):
+        direct, lite = await both([model], [{"role": "user", "content": first}])
+        assert direct == lite
+        assert texts(direct[0]) == expected
+
+
+async def test_a_native_continuation_of_a_prefill_plays_the_same_rest_on_both_readers() -> None:
+    model = register_script("s-native-cont", parse_script({"continues": True, "loop": True, "rounds": [
+        {"native": [{"reasoning": "Sure."}, {"text": "It rains in Paris, 12 °C."}], "chunk_chars": 5}]}))
+    asked = [{"role": "user", "content": "weather?"}, {"role": "assistant", "content": "It rains in"}]
+    direct, lite = await both([model], asked, start=1)
+    assert direct == lite
+    assert texts(direct[0]) == " Paris, 12 °C."

@@ -2,8 +2,8 @@
 (docs/design.md#scripted-model): a request body in, the first rule it breaks out — no I/O.
 
 A test that plays native rounds through the mock sees the histories reactgate sends judged by the
-rules a real provider applies (FIELD_NOTES, "Native function calling on the wire"), and asserts
-that none fired (`MockStats.refused`). The rules are tables, read in order, one per wire; each
+rules a real provider applies to a native history (docs/design.md#native), and asserts that none
+fired (`MockStats.refused`). The rules are tables, read in order, one per wire; each
 names what it refuses, which is what the stats count.
 
 The thinking rule needs to know what the mock itself streamed: `Issued` holds the signatures in the

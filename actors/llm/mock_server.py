@@ -66,11 +66,12 @@ class MockStats:
     streams_completed: int = 0
     streams_aborted: int = 0          # the client went away mid-stream
     refused: int = 0                  # requests a real provider would refuse, refused with its 400
-    refusals: list[str] = field(default_factory=list)   # the rule that refused each, as `wire.rule`
+    refusals: list[str] = field(default_factory=list)   # the rule that refused each (the last 1,000), as `wire.rule`
     _changed: asyncio.Event | None = field(default=None, repr=False)
 
     def refuse(self, rule: str) -> None:
         self.refusals.append(rule)
+        del self.refusals[:-1000]   # a long-running mock keeps the recent ones; `refused` counts them all
         self._bump("refused")
 
     def as_json(self) -> dict[str, Any]:

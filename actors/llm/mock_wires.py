@@ -3,7 +3,7 @@ the provider's bytes out — no socket, no event loop.
 
 One encoder per response, per wire, fed the round's stream (`Round.stream`) as `scripts.play` paces
 it: `start()`, `delta()` for each delta, then `finish()` or `error()`. The shapes are the providers'
-own (docs/design.md#native), as FIELD_NOTES records them:
+own (docs/design.md#native; the table is docs/design.md#scripted-model's):
 
 | delta | OpenAI chat completions SSE | Anthropic Messages SSE |
 |---|---|---|

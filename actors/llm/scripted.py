@@ -198,7 +198,7 @@ class ScriptedLLM(CustomLLM):
     ) -> ModelResponse:
         round_ = self.resolve(model, headers, messages)
         if round_.delay_ms:
-            await asyncio.sleep(round_.delay_s * max(1, len(round_.chunks)))
+            await asyncio.sleep(round_.delay_s * max(1, len(round_.stream)))
         if round_.error is not None:
             raise provider_exception(round_.error, model, f"scripted {round_.error.value}")
         message = model_response.choices[0].message
