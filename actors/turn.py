@@ -54,7 +54,6 @@ from actors.turn_machine import (
     TurnProgress,
     continuation_models,
     cut_notice,
-    provider_cause,
 )
 from protocol.events import (
     AskUser,
@@ -352,9 +351,8 @@ class Turn:
                     notice = cut_notice(end, holds, continuations=continuations,
                                         kind=failure.kind if failure else "",
                                         mid_response=failure.after_first_delta if failure else True,
-                                        cause=failure.message if failure else "", model=failure.model if failure else "")
-                    return self._finish_cut(engine, notice,
-                                            provider_cause(failure.kind, failure.message) if failure else None)
+                                        cause=failure.detail if failure else "", model=failure.model if failure else "")
+                    return self._finish_cut(engine, notice, failure.cause if failure else None)
                 continuations += 1
                 if failure is not None:
                     models = self._continuation_models(failure)

@@ -216,21 +216,6 @@ CONTINUATION: Final[Mapping[tuple[StreamEnd, Holds], Then]] = {
 # Every notice of a round the provider cut opens with this (replay tells them by it, from the
 # recording: a restarted continuation's notice shares the code, not the words).
 PROVIDER_FAILED: Final = "the model provider failed"
-CAUSE_CHARS: Final = 500
-
-
-def provider_cause(kind: str, message: str) -> str:
-    """A provider failure as `turn.completed.error` and the log say it: `kind: message`, on one line
-    (the message is already scrubbed of keys where it was read, actors/llm/keys.py)."""
-    text = _one_line(kind, message)
-    return f"{kind}: {text}" if text else kind
-
-
-def _one_line(kind: str, message: str) -> str:
-    """A provider's message on one line, without the kind some messages open with, capped."""
-    text = " ".join(message.split())
-    text = text[len(kind) + 2:] if text.startswith(f"{kind}: ") else text
-    return text[:CAUSE_CHARS]
 
 
 def provider_failed(notice: Notice) -> bool:
@@ -241,8 +226,8 @@ def provider_failed(notice: Notice) -> bool:
 def cut_notice(end: StreamEnd, holds: Holds, *, continuations: int, kind: str = "", mid_response: bool = True,
                cause: str = "", model: str = "") -> Notice:
     """Why a round ended cut: a fact of the stream, never the model's mistake (guarantee 4). A
-    provider failure says so to the model in as many words, with the provider's (scrubbed) message
-    `cause` and the `model` that failed."""
+    provider failure says so to the model in as many words, with the provider's own words `cause`
+    (`ProviderError.detail`: one line, keys scrubbed) and the `model` that failed."""
     if end is StreamEnd.RESTARTED:
         return Notice(code=NoticeCode.PROVIDER_ERROR,
                       message="the response was cut, and the continuation started over instead of continuing")
@@ -256,7 +241,7 @@ def cut_notice(end: StreamEnd, holds: Holds, *, continuations: int, kind: str = 
                       message=f"the response was cut at the length limit after {continuations} continuations")
     where = " in the middle of the response" if mid_response else ""
     which = f" for model {model!r}" if model else ""
-    detail = f": {_one_line(kind, cause)}" if cause else ""
+    detail = f": {cause}" if cause else ""
     return Notice(code=NoticeCode.PROVIDER_ERROR,
                   message=f"{PROVIDER_FAILED} ({kind}){where}{which}{detail}. This is not your mistake.")
 
@@ -283,7 +268,7 @@ class End:
     finish_ok: bool
     partial: bool = False
     traces: tuple[EventData, ...] = ()
-    error: str | None = None      # provider_error: the failure (`provider_cause`), for `turn.completed.error`
+    error: str | None = None      # provider_error: the failure (`ProviderError.cause`), for `turn.completed.error`
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,6 @@ from actors.turn_machine import (
     TurnProgress,
     continuation_models,
     cut_notice,
-    provider_cause,
     provider_failed,
     transition,
 )
@@ -104,7 +103,7 @@ def provider_cut_round(cause: str = "auth: the variable ACME_LLM_KEY (api_key_en
     notice = cut_notice(StreamEnd.CUT, Holds.TEXT if text else Holds.NOTHING, continuations=0, kind=kind,
                         mid_response=bool(text), cause=message, model="openai/acme-small")
     result = engine.finish(cut=notice)[1]
-    result.provider_error = provider_cause(kind, message)
+    result.provider_error = cause
     return result
 
 
@@ -144,11 +143,6 @@ def test_a_provider_notice_names_the_cause_and_says_it_is_not_the_models_mistake
         "is not set where this model is called. This is not your mistake.")
     restarted = cut_notice(StreamEnd.RESTARTED, Holds.TEXT, continuations=1)
     assert restarted.code is NoticeCode.PROVIDER_ERROR and not provider_failed(restarted)
-
-
-def test_a_provider_cause_is_one_line_and_names_its_kind_once() -> None:
-    assert provider_cause("bad_request", "no provider\n  for model 'x'") == "bad_request: no provider for model 'x'"
-    assert provider_cause("script_exhausted", "script_exhausted: no round 3") == "script_exhausted: no round 3"
 
 
 def test_no_retry_at_all_when_the_limit_is_zero() -> None:
