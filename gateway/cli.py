@@ -219,13 +219,15 @@ def _agent_check_parser(subparsers: Subparsers, name: str) -> argparse.ArgumentP
     )
     check.add_argument("profile", help="agent profile TOML")
     check.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    check.add_argument("--probe", action="store_true",
+                       help="call each model once, as a turn would, and say what came back (exit 1 if one fails)")
     return check
 
 
 def _agent_check(args: argparse.Namespace) -> int:
     from gateway.agent_check import check
 
-    return check(Path(args.profile), as_json=args.json)
+    return check(Path(args.profile), as_json=args.json, run_probe=args.probe)
 
 
 # -- replay ---------------------------------------------------------------------------------------
