@@ -31,7 +31,7 @@ from actors.store.base import RoundOutput
 from actors.tools.registry import ToolRegistry
 from actors.turn import Turn
 from actors.turn_machine import TurnProgress
-from protocol.events import EventData, TurnCompleted
+from protocol.events import EventData, MessageKind, TurnCompleted, UserSaid
 from protocol.frames import Mode
 from protocol.timeline import Block
 
@@ -192,8 +192,13 @@ class Conversation:
 
     # -- the mailbox ------------------------------------------------------------------------------
 
-    def user_message(self, message_id: str, text: str, trace: Mapping[str, str] | None = None) -> None:
-        """Start a turn, or queue it as a follow-up if one is running (docs/design.md#follow-ups)."""
+    def user_message(self, message_id: str, text: str, trace: Mapping[str, str] | None = None, *,
+                     kind: MessageKind | None = None) -> None:
+        """Start a turn, or queue it as a follow-up if one is running (docs/design.md#follow-ups).
+        The user's words are logged first, so the conversation reads back as both sides wrote it."""
+        if kind is None:
+            kind = MessageKind.FOLLOW_UP if self.busy else MessageKind.MESSAGE
+        self.emit(UserSaid(message_id=message_id, text=text, kind=kind))
         self.state.queue.append(QueuedMessage(message_id, text, dict(trace or {})))
         self._kick()
 
@@ -203,10 +208,12 @@ class Conversation:
             self._kick()
 
     def steer(self, text: str, message_id: str = "", trace: Mapping[str, str] | None = None) -> None:
+        message_id = message_id or f"steer-{self.state.turns + 1}"
         if self._turn is not None:
+            self.emit(UserSaid(message_id=message_id, text=text, kind=MessageKind.STEER))
             self._turn.steer(text)
         else:  # nothing to steer: the words are a message of their own
-            self.user_message(message_id or f"steer-{self.state.turns + 1}", text, trace)
+            self.user_message(message_id, text, trace, kind=MessageKind.STEER)
 
     def answer(self, ask_id: str, answer: str) -> bool:
         future = self._answers.get(ask_id)

@@ -65,6 +65,7 @@ from protocol.events import (
     TurnCompleted,
     TurnStarted,
     UiCommand,
+    UserSaid,
 )
 from protocol.frames import CancelFrame, ClientFrame, Mode, SetModeFrame, SteerFrame, encode_event
 
@@ -218,10 +219,12 @@ class Chat:
         self.awaited_end: TurnCompleted | None = None  # --message: how that turn ended
         self.confirming_delete = False                # /delete asked; the next line answers
         self.exports: dict[str, tuple[str, list[str]]] = {}   # export id → (file, lines so far)
+        self.mine: set[str] = set()                   # ids of what this client sent: the terminal already shows them
 
     def send_message(self, text: str, *, await_turn: bool = False) -> str:
         """`await_turn`: the Step that completes the turn this message starts has `done` set."""
         message_id = self.session.user_message(text)
+        self.mine.add(message_id)
         if await_turn:
             self.awaited_message_id = message_id
         return message_id
@@ -297,7 +300,7 @@ class Chat:
             ask, self.pending_ask = self.pending_ask, None
             self.session.answer(ask.ask_id, resolve_option(text.strip(), ask))
         else:
-            self.session.user_message(text)
+            self.mine.add(self.session.user_message(text))
         return Step()
 
     def _slash(self, line: str) -> Step:
@@ -315,7 +318,7 @@ class Chat:
             case "/steer":
                 if not rest:
                     return Step([Problem("usage", "/steer TEXT")])
-                self.session.steer(rest)
+                self.mine.add(self.session.steer(rest))
             case "/cancel":
                 self.session.cancel()
             case "/delete":
@@ -353,6 +356,7 @@ STYLES: Final = {
     "ui": "blue",
     "fallback": "yellow",
     "info": "grey50",
+    "user": "bold",
     "turn.ok": "green",
     "turn.warn": "yellow",
     "turn.bad": "red",
@@ -369,6 +373,7 @@ class Transcript:
     stream: tuple[str, str, int] | None = None   # (lane, turn_id, round)
     at_line_start: bool = True
     answers: dict[str, str] = field(default_factory=dict)   # turn_id → answer text streamed so far
+    mine: set[str] = field(default_factory=set)   # message ids typed here: not drawn again
 
     def segments(self, item: Shown) -> list[Segment]:
         match item:
@@ -382,6 +387,10 @@ class Transcript:
 
     def _event(self, event: Event) -> list[Segment]:
         match event.data:
+            case UserSaid(message_id=message_id, text=text, kind=kind):
+                if message_id in self.mine:
+                    return []  # typed at this prompt: the terminal shows it already
+                return self._line(f"you › {text}" + (" (steer)" if kind == "steer" else ""), "user")
             case TurnStarted(turn_id=turn_id):
                 self.answers[turn_id] = ""
                 return []
@@ -529,7 +538,7 @@ class ChatShell:
         self.err = err or Console(stderr=True, highlight=False, soft_wrap=True, emoji=False, markup=False)
         self.backoff = backoff or Backoff()
         self.give_up_after_s = give_up_after_s
-        self.transcript = Transcript()
+        self.transcript = Transcript(mine=chat.mine)
         self.interactive = message is None
         self._stdin: _StdinReader | None = None
         self._result: int | None = None

@@ -137,7 +137,7 @@ def _chat(args: argparse.Namespace) -> int:
 
 
 def _mock_llm_parser(subparsers: Subparsers, name: str) -> argparse.ArgumentParser:
-    mock = subparsers.add_parser(name, help="serve a script as an OpenAI-compatible SSE endpoint")
+    mock = subparsers.add_parser(name, help="serve a script as OpenAI-compatible and Anthropic Messages SSE endpoints")
     mock.add_argument("--script", required=True, help="script JSON file (docs/design.md#scripted-model)")
     mock.add_argument("--host", default="127.0.0.1")
     mock.add_argument("--port", type=int, default=8766)

@@ -49,6 +49,24 @@ class EventData(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 # -- the turn ----------------------------------------------------------------------------------
 
 
+class MessageKind(StrEnum):
+    """Which frame brought the user's words (`user.message.kind`)."""
+
+    MESSAGE = "message"      # a user_message that starts a turn
+    FOLLOW_UP = "follow_up"  # a user_message queued behind a running turn: it starts the next one
+    STEER = "steer"          # a steer: it interrupts the running turn, or starts one if none runs
+
+
+class UserSaid(EventData, frozen=True):
+    """What the user wrote, logged when accepted, before the turn it starts or joins
+    (docs/wire-protocol.md#usermessage): a conversation reads back as both sides wrote it."""
+
+    KIND: ClassVar[str] = "user.message"
+    message_id: str
+    text: str
+    kind: MessageKind = MessageKind.MESSAGE
+
+
 class TurnStarted(EventData, frozen=True):
     KIND: ClassVar[str] = "turn.started"
     turn_id: str
@@ -252,14 +270,14 @@ class ConversationDeleted(EventData, frozen=True):
 
 
 Payload = (
-    TurnStarted | ThinkingDelta | AnswerDelta | TurnCompleted | ToolCalled | ToolResult | AskUser | UiCommand
+    UserSaid | TurnStarted | ThinkingDelta | AnswerDelta | TurnCompleted | ToolCalled | ToolResult | AskUser | UiCommand
     | Fallback | RoundCompleted | TraceData | ConversationDeleted
 )
 
 # Kind name → the type its payload decodes to: the kinds a log stores.
 EVENT_KINDS: Final[dict[str, Any]] = {
     cls.KIND: cls
-    for cls in (TurnStarted, ThinkingDelta, AnswerDelta, TurnCompleted, ToolCalled, ToolResult, AskUser,
+    for cls in (UserSaid, TurnStarted, ThinkingDelta, AnswerDelta, TurnCompleted, ToolCalled, ToolResult, AskUser,
                 UiCommand, Fallback, RoundCompleted)
 }
 EVENT_KINDS[Trace.KIND] = TraceData

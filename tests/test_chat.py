@@ -58,6 +58,7 @@ from protocol.events import (
     Fallback,
     IllegalFinish,
     Lane,
+    MessageKind,
     RoundCompleted,
     Salvaged,
     StreamedState,
@@ -67,6 +68,7 @@ from protocol.events import (
     TurnCompleted,
     TurnStarted,
     UiCommand,
+    UserSaid,
 )
 from protocol.frames import (
     Ack,
@@ -388,6 +390,22 @@ def test_notices_ui_commands_fallbacks_and_traces_are_rendered() -> None:
         '⇢ ui open_tab {"name":"x"}\n'
         "trace salvaged\n"
     )
+
+
+def test_the_users_words_from_the_log_are_shown_unless_typed_here() -> None:
+    """A replayed conversation (another device, --conversation) shows what the user wrote; what this
+    prompt sent is on the terminal already and is not drawn twice (docs/wire-protocol.md#usermessage)."""
+    chat, _ = ready_chat()
+    typed = chat.send_message("and tomorrow?")
+    _, step = receive(
+        chat,
+        event(1, UserSaid(message_id="m-elsewhere", text="weather in Paris?")),
+        event(2, UserSaid(message_id="s-1", text="shorter, please", kind=MessageKind.STEER)),
+        event(3, UserSaid(message_id=typed, text="and tomorrow?", kind=MessageKind.FOLLOW_UP)),
+    )
+    shown = Transcript(mine=chat.mine)
+    assert "".join(t for item in step.shown for t, _ in shown.segments(item)) == (
+        "you › weather in Paris?\nyou › shorter, please (steer)\n")
 
 
 def test_an_answer_cut_short_is_shown_as_cut_not_as_finished() -> None:
@@ -815,6 +833,22 @@ async def test_chat_message_prints_the_streamed_turn_and_exits_0(tmp_path: Path)
     assert out.count(DEMO_ANSWER) == 1
     assert "✓ turn t1 complete" in out
     assert "\x1b[" not in out  # no terminal codes when stdout is not a terminal
+
+
+@pytest.mark.slow
+async def test_chat_reopening_a_conversation_shows_what_the_user_wrote(tmp_path: Path) -> None:
+    """Another client (a second device) reopening the conversation replays both sides of it."""
+    async with gateway(local_backend(tmp_path)) as (_, port):
+        url = f"ws://127.0.0.1:{port}/ws"
+        async with chat("--message", "weather in Paris?", "--url", url) as first:
+            assert await first.exit_code(120) == 0, first.stderr
+        cid = first.stdout.split()[1]
+        async with chat("--conversation", cid, "--message", "and tomorrow?", "--url", url) as second:
+            assert await second.exit_code(120) == 0, second.stderr
+    out = second.stdout
+    assert "you › weather in Paris?" in out and out.index("you › weather in Paris?") < out.index(DEMO_ANSWER)
+    assert "you › and tomorrow?" not in out   # sent by this client: not drawn again
+    assert "weather in Paris?" not in first.stdout.replace("thinking: Checking the weather in Paris.", "")
 
 
 @pytest.mark.slow

@@ -162,8 +162,26 @@ async def test_a_reload_replays_the_conversation_from_its_id_in_the_url(tmp_path
         await page.wait_for_selector(".done.ok")
         assert page.url == url
         assert await answer_text(page) == DEMO_ANSWER
-        assert await page.inner_text(".user") == "weather in Paris?"  # our own words, remembered
+        assert await page.inner_text(".user") == "weather in Paris?"  # our own words, from the log
         assert await page.locator(".turn").count() == 1
+
+
+@pytest.mark.slow
+async def test_a_second_device_shows_the_users_own_words_from_the_log(tmp_path: Path) -> None:
+    """The words come from `user.message` events, not from what one browser remembers: a fresh
+    browser (nothing stored) opening the conversation's URL shows them."""
+    async with gateway(local_backend(tmp_path)) as (_, port):
+        async with browser_page() as page:
+            await page.goto(f"http://127.0.0.1:{port}/")
+            await send(page, "weather in Paris?")
+            await page.wait_for_selector(".done.ok")
+            url = page.url
+        async with browser_page() as other:   # another browser: its own, empty storage
+            await other.goto(url)
+            await other.wait_for_selector(".done.ok")
+            assert await other.inner_text(".user") == "weather in Paris?"
+            assert await other.locator(".user.unknown").count() == 0
+            assert await answer_text(other) == DEMO_ANSWER
 
 
 @pytest.mark.slow

@@ -177,6 +177,32 @@ async def test_an_export_is_byte_for_byte_what_a_subscriber_saw(served: tuple[Lo
                                       "events": last_seq, "last_seq": last_seq}
 
 
+async def test_a_second_device_and_an_export_read_what_the_user_wrote(served: tuple[LocalServer, Path]) -> None:
+    """The user's words are in the log (docs/wire-protocol.md#usermessage): another connection of the
+    same owner — a second device — replays them before each turn, and an export holds them."""
+    server, store = served
+    async with server.client(alice()) as phone:
+        cid = await phone.open()
+        await phone.subscribe(cid)
+        await phone.say(cid, "weather in Paris?", id="m1")
+        await phone.turn_completed(cid)
+    async with server.client(alice()) as laptop:
+        await laptop.send(type="subscribe", id="s1", conversation_id=cid, after_seq=0)
+        replayed = [json.loads(f) for f in events_of(
+            await frames_until(laptop, lambda f: f.get("event") == "turn.completed"), cid)]
+        await laptop.send(type="export", id="x1", conversation_id=cid)
+        exported = [json.loads(f) for f in await frames_until(laptop, lambda f: f["type"] == "export.completed")]
+    assert [(e["event"], e["data"]) for e in replayed[:2]] == [
+        ("user.message", {"message_id": "m1", "text": "weather in Paris?"}),
+        ("turn.started", {"turn_id": "t1", "user_message_id": "m1"}),
+    ]
+    assert [e["data"]["text"] for e in exported if e.get("event") == "user.message"] == ["weather in Paris?"]
+    async with server.client(alice()) as phone:
+        assert (await phone.request(type="delete", id="d1", conversation_id=cid))["status"] == "accepted"
+    with sqlite3.connect(store) as db:  # deleted with the conversation, like every event
+        assert db.execute("SELECT count(*) FROM events WHERE conversation_id = ?", (cid,)).fetchone()[0] == 0
+
+
 async def test_delete_and_export_are_idempotent_by_frame_id_and_the_owners_alone(
     served: tuple[LocalServer, Path],
 ) -> None:

@@ -98,8 +98,10 @@ async def test_user_message_is_acked_and_runs_one_turn(server: LocalServer) -> N
         done = await c.turn_completed(cid)
         assert done["data"] == {"turn_id": "t1", "reason": "complete", "final_answer": "It rains in Paris, 12 °C.",
                                 "used_tools": True, "finish_ok": True}
+        said = await c.event(cid, "user.message")
+        assert said["seq"] == 1 and said["data"] == {"message_id": "m1", "text": "what is the weather in Paris?"}
         started = await c.event(cid, "turn.started")
-        assert started["seq"] == 1 and started["data"] == {"turn_id": "t1", "user_message_id": "m1"}
+        assert started["seq"] == 2 and started["data"] == {"turn_id": "t1", "user_message_id": "m1"}
         result = await c.event(cid, "tool.result")
         assert result["data"]["result"] == {"city": "Paris", "condition": "rain", "temp_c": 12}
         check_log(c.events[cid])

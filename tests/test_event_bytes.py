@@ -4,6 +4,10 @@
 gateway sent them before events were typed (captured from that code, with `duration_ms` set to 0).
 The same conversations played now must give the same bytes, event for event, and every stored
 payload must decode to its struct and encode back to the same bytes.
+
+Kinds added since (`ADDED`) are additions: they come between the recorded events, whose bytes and
+order stay as recorded, and their seqs move the recorded ones up by one each; their own shape is
+pinned below.
 """
 
 from __future__ import annotations
@@ -145,16 +149,34 @@ def recorded(name: str) -> list[tuple[int, str, str]]:
 
 def test_the_fixture_covers_every_event_kind() -> None:
     kinds = {r["event"] for r in RECORDED}
-    assert kinds == set(EVENT_KINDS)
+    assert kinds == set(EVENT_KINDS) - ADDED
     traces = {json.loads(r["data"])["kind"] for r in RECORDED if r["event"] == "trace"}
     assert traces == {"illegal_finish", "no_tool_finish", "iteration_limit", "salvaged"}
+
+
+# Kinds added after the fixture was captured: the user's own words (docs/wire-protocol.md#usermessage).
+ADDED = frozenset({"user.message"})
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 async def test_events_are_byte_identical_to_the_recorded_wire_format(name: str) -> None:
     h = await SCENARIOS[name]()
-    now = [(e.seq, e.event, DURATION.sub(b'"duration_ms":0', encode_data(e.data)).decode()) for e in h.events]
-    assert now == recorded(name)
+    assert [e.seq for e in h.events] == list(range(1, len(h.events) + 1))
+    now = [(e.event, DURATION.sub(b'"duration_ms":0', encode_data(e.data)).decode())
+           for e in h.events if e.event not in ADDED]
+    assert now == [(event, data) for _, event, data in recorded(name)]
+    # Each turn is preceded by the message that started it: the user's words, then turn.started.
+    for i, e in enumerate(h.events):
+        if e.event == "turn.started":
+            said = h.events[i - 1]
+            assert said.event == "user.message" and said.data.message_id == e.data.user_message_id  # type: ignore[union-attr]
+
+
+async def test_the_user_message_event_carries_the_words_the_id_and_the_kind() -> None:
+    h = await SCENARIOS["weather_then_answer"]()
+    said = h.events[0]
+    assert (said.seq, said.event) == (1, "user.message")
+    assert encode_data(said.data) == b'{"message_id":"m1","text":"weather?"}'   # kind "message" is the default
 
 
 def test_stored_data_decodes_to_its_struct_and_back_to_the_same_bytes() -> None:

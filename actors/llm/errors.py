@@ -162,7 +162,7 @@ def error_message(exc: BaseException) -> str:
 # by tests/test_llm_fast.py). A status first meets the text rules (LiteLLM classifies by the error
 # text before the status), then the status tables; a mid-stream error has no status on the OpenAI
 # wire (the SDK raises a bare APIError: anything unmatched is `connection`, MID_STREAM_MESSAGES in
-# mock_server.py relies on it) and 500 on the Anthropic wire (LiteLLM's AnthropicError for an
+# mock_wires.py relies on it) and 500 on the Anthropic wire (LiteLLM's AnthropicError for an
 # `error` event).
 
 _BASE_STATUS: Final = {status: kind.value for kind, (status, _) in ERROR_TABLE.items()}

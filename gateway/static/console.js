@@ -82,38 +82,6 @@ function storageSet(key, value) {
   try { localStorage.setItem(key, value); } catch (e) { /* see above */ }
 }
 
-// Events carry the id of a user message, not its text: remember what we sent, so a reload
-// replays the conversation with our own words (kept per browser, last MAX_REMEMBERED).
-const MAX_REMEMBERED = 200;
-
-function rememberText(conversationId, id, text) {
-  try {
-    const key = "reactgate.sent." + (conversationId || "new");
-    const sent = JSON.parse(localStorage.getItem(key) || "[]");
-    sent.push([id, text]);
-    localStorage.setItem(key, JSON.stringify(sent.slice(-MAX_REMEMBERED)));
-  } catch (e) { /* storage full or disabled: only the reload view suffers */ }
-}
-
-function adoptTexts(conversationId) {
-  // Messages typed before the conversation existed were remembered under "new".
-  try {
-    const early = localStorage.getItem("reactgate.sent.new");
-    if (early) {
-      localStorage.setItem("reactgate.sent." + conversationId, early);
-      localStorage.removeItem("reactgate.sent.new");
-    }
-  } catch (e) { /* see rememberText */ }
-}
-
-function recallText(conversationId, id) {
-  try {
-    const sent = JSON.parse(localStorage.getItem("reactgate.sent." + conversationId) || "[]");
-    const found = sent.find((pair) => pair[0] === id);
-    return found ? found[1] : null;
-  } catch (e) { return null; }
-}
-
 // ---------------------------------------------------------------------------------------------
 // Protocol state: frames in, callbacks out.
 
@@ -265,7 +233,6 @@ class Session {
     const created = !this.conversationId;
     this.conversationId = ack.conversation_id;
     if (created) {
-      adoptTexts(this.conversationId);
       storageSet(this.modeKey(), this.mode);
       history.replaceState(null, "", "#c=" + encodeURIComponent(this.conversationId));
     }
@@ -382,6 +349,7 @@ class View {
     this.turns = new Map();      // turn_id -> section
     this.current = null;         // the section events without a turn id go to
     this.thinking = new Map();   // turn:round -> div
+    this.runningTurn = null;     // the turn now running: a steer joins it
     this.answers = new Map();    // turn_id -> div
     this.tools = new Map();      // call_id -> row
     this.asks = new Map();       // ask_id -> card
@@ -430,15 +398,25 @@ class View {
   }
 
   localMessage(id, text) {
-    rememberText(this.session.conversationId, id, text);
-    this.stickToBottom(() => {
-      const empty = this.main.querySelector(".empty");
-      if (empty) empty.remove();
-      const sec = el("section", "turn pending-turn");
-      sec.dataset.message = id;
-      sec.append(el("div", "user", text));
-      this.main.append(sec);
-    });
+    this.stickToBottom(() => this.userBubble(id, text));
+  }
+
+  // The user's words, drawn once: when typed here, or from `user.message` (another tab, another
+  // device, a reload). Its turn adopts the bubble at `turn.started`.
+  userBubble(id, text, kind) {
+    if (this.main.querySelector(`[data-message="${CSS.escape(id || "")}"]`)) return;
+    if (kind === "steer" && this.runningTurn) {  // it joins the running turn, which then finalizes
+      const line = el("div", "user steer", `${text} (steer)`);
+      line.dataset.message = id;
+      this.section(this.runningTurn).append(line);
+      return;
+    }
+    const empty = this.main.querySelector(".empty");
+    if (empty) empty.remove();
+    const sec = el("section", "turn pending-turn");
+    sec.dataset.message = id;
+    sec.append(el("div", "user", kind === "steer" ? `${text} (steer)` : text));
+    this.main.append(sec);
   }
 
   error(code, message) {
@@ -456,7 +434,12 @@ class View {
   draw(name, d) {
     const turnId = d.turn_id;
     switch (name) {
+      case "user.message": {
+        this.userBubble(d.message_id, d.text, d.kind);
+        return;
+      }
       case "turn.started": {
+        this.runningTurn = turnId;
         // Adopt the bubble we drew when sending, so the turn sits under its message.
         const mine = this.main.querySelector(`section.pending-turn[data-message="${CSS.escape(d.user_message_id || "")}"]`);
         let sec;
@@ -467,10 +450,9 @@ class View {
           this.current = mine;
           this.main.append(mine); // follow-ups queued behind a running turn move to the end
           sec = mine;
-        } else {
+        } else {  // a conversation recorded before user.message existed
           sec = this.section(turnId);
-          const text = recallText(this.session.conversationId, d.user_message_id);
-          sec.append(text === null ? el("div", "user unknown", "(message sent elsewhere)") : el("div", "user", text));
+          sec.append(el("div", "user unknown", "(message not recorded)"));
         }
         return;
       }
@@ -530,6 +512,7 @@ class View {
         if (d.kind !== "illegal_finish") this.section(turnId).append(el("div", "meta", "trace " + d.kind));
         return;
       case "turn.completed": {
+        if (this.runningTurn === turnId) this.runningTurn = null;
         const answer = this.answers.get(turnId);
         const final = d.final_answer || "";
         if (final && (!answer || answer.textContent !== final)) {
@@ -651,8 +634,8 @@ function main() {
   document.getElementById("steer").addEventListener("click", () => {
     const text = take();
     if (!text) { input.focus(); input.placeholder = "Type the steer text first, then press Steer"; return; }
-    session.command("steer", { text });
-    view.section(null).append(el("div", "meta", "steer: " + text));
+    const id = session.command("steer", { text });
+    view.userBubble(id, text, "steer");
   });
   document.getElementById("cancel").addEventListener("click", () => session.command("cancel", {}));
   for (const b of document.querySelectorAll(".mode button")) {
