@@ -999,3 +999,23 @@ async def test_ctrl_c_prints_how_to_come_back(tmp_path: Path) -> None:
     cid = run.stdout.split("conversation ", 1)[1].split()[0]
     assert (f"to come back to this conversation: reactgate chat --resume --url ws://127.0.0.1:{port}/ws "
             f"(or reactgate chat --url ws://127.0.0.1:{port}/ws --conversation {cid})") in run.stderr
+
+
+@pytest.mark.slow
+async def test_a_chat_killed_mid_answer_and_started_again_with_resume_shows_the_whole_answer_once(tmp_path: Path) -> None:
+    """README.md's tour: kill the chat client mid-answer, start it again (`--resume`): the conversation
+    is replayed and the answer goes on, each character once."""
+    state = {"REACTGATE_CHAT_STATE": str(tmp_path / "chat.json")}
+    async with gateway(local_backend(tmp_path)) as (_, port):
+        url = f"ws://127.0.0.1:{port}/ws"
+        async with chat("--message", "weather in Paris?", "--url", url, env=state) as killed:
+            await killed.wait_for_output("It is", timeout=120)     # the answer is streaming
+            killed.proc.kill()
+            await killed.exit_code()
+        async with chat("--resume", "--url", url, env=state, stdin=True) as again:
+            await again.wait_for_output("✓ turn t1 complete", timeout=120)
+            await again.type("/quit")
+            assert await again.exit_code() == 0, again.stderr
+    cid = killed.stdout.split("conversation ", 1)[1].split()[0]
+    assert f"\nconversation {cid}\n" in again.stdout                  # after the interactive help line
+    assert [line for line in again.stdout.splitlines() if line.startswith("It is")] == [DEMO_ANSWER]
