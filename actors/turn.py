@@ -352,8 +352,9 @@ class Turn:
                 if then is Then.CUT:
                     notice = cut_notice(end, holds, continuations=continuations,
                                         kind=failure.kind if failure else "",
-                                        mid_response=failure.after_first_delta if failure else True)
-                    return self._finish_cut(engine, notice)
+                                        mid_response=failure.after_first_delta if failure else True,
+                                        cause=failure.detail if failure else "", model=failure.model if failure else "")
+                    return self._finish_cut(engine, notice, failure.cause if failure else None)
                 continuations += 1
                 if failure is not None:
                     models = self._continuation_models(failure)
@@ -415,10 +416,13 @@ class Turn:
             self._emit(Fallback(from_model=failure.model, to_model=to, error=f"{failure.kind}: {failure.message}"))
         return models
 
-    def _finish_cut(self, engine: RoundEngine, cut: Notice) -> RoundResult:
-        """End a round whose stream was cut and not continued; a streamed answer is then partial."""
+    def _finish_cut(self, engine: RoundEngine, cut: Notice, provider_error: str | None = None) -> RoundResult:
+        """End a round whose stream was cut and not continued; a streamed answer is then partial.
+        `provider_error`: the provider failure that cut it, which names the turn's end if this round
+        spends the last retry."""
         result = self._finish_engine(engine, cut)
         result.partial = result.outcome is RoundOutcome.SALVAGE
+        result.provider_error = provider_error
         return result
 
     def _finish_engine(self, engine: RoundEngine, cut: Notice | None = None, *, interrupted: bool = False) -> RoundResult:
@@ -582,6 +586,7 @@ class Turn:
         self._emit(TurnCompleted(
             turn_id=self.turn_id, reason=end.reason, final_answer=end.answer,
             used_tools=self.machine.progress.observations > 0, finish_ok=end.finish_ok, partial=end.partial,
+            error=end.error,
         ))
 
     def _emit(self, data: EventData) -> None:

@@ -177,15 +177,18 @@ async def local_server(
     *,
     policies: Mapping[str, Any] | None = None,
     profile: AgentProfile | None = None,
+    scripted: bool = True,
     **settings: Any,
 ) -> AsyncIterator[LocalServer]:
     """The production assembly (`gateway.app.local_backend`) on 127.0.0.1:0: `profile` (default: the
-    demo agent) playing `script_data`, with `policies` overridden and `settings` as Settings fields."""
+    demo agent) playing `script_data`, with `policies` overridden and `settings` as Settings fields.
+    `scripted=False`: the profile calls its own models (a misconfigured one: never a real provider)."""
     registry = demo_registry()
     profile = profile or demo_profile(known_tools=registry)
-    name = f"e2e-{os.getpid()}-{next(_names)}"
-    register_script(name, parse_script(script_data or weather_then_answer()))
-    profile = profile.with_script(name)
+    if scripted:
+        name = f"e2e-{os.getpid()}-{next(_names)}"
+        register_script(name, parse_script(script_data or weather_then_answer()))
+        profile = profile.with_script(name)
     if policies:
         profile = profile.model_copy(update={"policies": profile.policies.model_copy(update=dict(policies))})
     config = Settings(host="127.0.0.1", port=0, backend="local", store=store_url(store_path), **settings)
@@ -212,9 +215,11 @@ class RayHosting:
 
 
 @contextlib.contextmanager
-def ray_hosting(root: Path, scripts: Mapping[str, Mapping[str, Any]]) -> Iterator[RayHosting]:
+def ray_hosting(root: Path, scripts: Mapping[str, Mapping[str, Any]],
+                unscripted: Mapping[str, AgentProfile] | None = None) -> Iterator[RayHosting]:
     """`ray.init` (2 CPUs, no dashboard) until the block ends, with one agent per script: the demo
-    profile named after the script's key, playing it (the first is the default agent)."""
+    profile named after the script's key, playing it (the first is the default agent); and each of
+    `unscripted` as it is, calling its own models (a misconfigured one: never a real provider)."""
     import ray
 
     from actors.ray.config import RayConfig
@@ -228,6 +233,7 @@ def ray_hosting(root: Path, scripts: Mapping[str, Mapping[str, Any]]) -> Iterato
         name = f"e2e-ray-{os.getpid()}-{agent}"
         files[name] = str(path)  # each Ray host registers it (gateway/app.py's ray_config does the same)
         profiles[agent] = demo_profile(known_tools=registry).model_copy(update={"name": agent}).with_script(name)
+    profiles.update(unscripted or {})
     config = RayConfig(store_url=store_url(root / "ray.sqlite3"), registry=registry, profiles=profiles,
                        scripts=files, hosts=2)
     ray.init(num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
