@@ -25,6 +25,7 @@ from actors.context import Step, params_digest
 from actors.continuation import RestartCheck
 from actors.decision import Decision
 from actors.gates import RoundRules
+from actors.identity import Caller
 from actors.llm.stream import ModelDelta, ModelFallback, ModelFinished, ProviderError, StreamItem
 from actors.profile import Policies
 from actors.quotas import tool_calls_refusal_detail
@@ -154,8 +155,9 @@ class Turn:
 
     @classmethod
     def new(cls, ctx: TurnContext, turn_id: str, message_id: str, text: str,
-            trace: Mapping[str, str] | None = None) -> Turn:
-        return cls(ctx, TurnProgress(turn_id=turn_id, message_id=message_id, text=text, trace=dict(trace or {})))
+            trace: Mapping[str, str] | None = None, caller: Caller | None = None) -> Turn:
+        return cls(ctx, TurnProgress(turn_id=turn_id, message_id=message_id, text=text, trace=dict(trace or {}),
+                                     caller=caller))
 
     def progress(self) -> TurnProgress:
         """The turn as a checkpoint keeps it."""
@@ -494,6 +496,7 @@ class Turn:
                 batch = ctx.tools.execute_batch(
                     ctx.conversation_id, self.turn_id, regular,
                     exploration_cap=m.exploration_cap, timeout_s=pol.tool_timeout_s, catalog=ctx.catalog,
+                    caller=m.progress.caller,
                 )
                 observations = await (self._inner_task(batch) if allow_steer else batch)
                 for call, obs in zip(regular, observations, strict=True):

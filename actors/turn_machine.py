@@ -36,6 +36,7 @@ import msgspec
 
 from actors.catalog import ASK_USER_TOOL, Catalog, Observation, ToolCall, ToolDecl, Trait
 from actors.gates import CONTINUE_EXPLORING, EXPLORATION_MARKER, RoundRules
+from actors.identity import Caller
 from actors.profile import Policies
 from actors.quotas import admitted_tool_calls
 from actors.round import AcceptedCall, RoundOutcome, RoundResult
@@ -162,6 +163,7 @@ class TurnProgress(msgspec.Struct, kw_only=True):
     streaming: bool = False       # taken while round `round_no` was streaming (a command's save)
     tool_calls: int = 0           # calls admitted to run (the tool-calls-per-turn quota)
     trace: dict[str, str] = msgspec.field(default_factory=dict)  # its message's trace (docs/design.md#tracing)
+    caller: Caller | None = None  # who sent its message: what its tools know of who calls (docs/design.md#your-tools)
 
 
 # -- continuation: how a round's model stream ended, and what follows --------------------------------------

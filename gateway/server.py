@@ -49,7 +49,7 @@ from websockets.typing import Subprotocol
 from actors import tracing
 from actors.hosting.backend import Backend, ConfigurationReplaced
 from actors.quotas import QuotaExceeded, Scope, connection_refusal, scope_key
-from gateway.auth import Caller, Unauthorized, authenticate, load_verifier
+from gateway.auth import Authenticated, Unauthorized, authenticate, load_verifier
 from gateway.dispatch import dispatch, quota_error
 from gateway.limits import quota_limits, session_limits
 from gateway.metrics import GatewayMetrics
@@ -99,7 +99,7 @@ class GatewayServer:
         # Refuses to construct with auth settings that cannot work (AuthConfigError, OriginConfigError).
         self._verifier = load_verifier(settings)
         self._origins = OriginPolicy.from_settings(settings)
-        self._callers: weakref.WeakKeyDictionary[ServerConnection, Caller] = weakref.WeakKeyDictionary()
+        self._callers: weakref.WeakKeyDictionary[ServerConnection, Authenticated] = weakref.WeakKeyDictionary()
         self._server: Server | None = None
         self._backend_started = False
         self._draining = False
@@ -291,7 +291,7 @@ class GatewayServer:
             await self._refuse_connection(ws, caller.owner.tenant, refused)
             return
         session = Session(ws, caller.owner, self.backend, self._session_limits, self.metrics, expires_at=caller.expires_at,
-                          trace_parent=_upgrade_trace(ws.request))
+                          trace_parent=_upgrade_trace(ws.request), caller=caller.tool_caller(self.settings.tool_claims))
         self.sessions.add(session)
         self._connections.update(held)
         self.metrics.connections_total.inc()

@@ -150,7 +150,8 @@ class McpSessions:
     def runs_on(self, loop: asyncio.AbstractEventLoop) -> bool:
         return self._loop is loop
 
-    async def call(self, server: McpServerConfig, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    async def call(self, server: McpServerConfig, tool: str, arguments: dict[str, Any],
+                   meta: dict[str, Any] | None = None) -> dict[str, Any]:
         """Call a declared `tool` on `server`, starting the server's session if there is none.
 
         The result is always a JSON object, as an observation is one: the tool's
@@ -170,7 +171,7 @@ class McpSessions:
         deadline = asyncio.timeout(server.call_timeout_s)
         try:
             async with deadline:
-                result = await connection.call_tool(tool, arguments)
+                result = await connection.call_tool(tool, arguments, meta)
         except Exception as exc:
             if isinstance(exc, TimeoutError) and deadline.expired():
                 # The SDK told the server to stop; the session itself is fine.
@@ -337,10 +338,11 @@ class _Connection:
             await self.close()
             raise
 
-    async def call_tool(self, tool: str, arguments: dict[str, Any]) -> types.CallToolResult:
+    async def call_tool(self, tool: str, arguments: dict[str, Any],
+                        meta: dict[str, Any] | None = None) -> types.CallToolResult:
         if self._client is None:
             raise MCPError(types.CONNECTION_CLOSED, self.ended or "the connection closed")
-        return await self._client.call_tool(tool, arguments)
+        return await self._client.call_tool(tool, arguments, meta=meta)  # type: ignore[arg-type]
 
     async def close(self) -> None:
         """Stop the session and wait until its server process is gone (the SDK bounds that wait)."""
