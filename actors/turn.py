@@ -524,16 +524,13 @@ class Turn:
         approved; a batch resumed after a crash asks only what was not decided. Returns the calls
         that may run; the others observe `denied_by_user`."""
         ctx, m = self.ctx, self.machine
-        asked = False
         for call in calls:
             if m.needs_approval(call.call_id, ctx.catalog.get(call.tool_id)):
                 ask = self._approve(call)
                 await (self._inner_task(ask) if allow_steer else ask)
-                asked = True
-        if asked:
-            saved = ctx.checkpoint()
-            if saved is not None:
-                await saved
+                saved = ctx.checkpoint()  # each decision durable at once: a crash never asks it again
+                if saved is not None:
+                    await saved
         runnable = []
         for call in calls:
             if m.may_run(call.call_id, ctx.catalog.get(call.tool_id)):
