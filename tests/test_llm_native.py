@@ -1,5 +1,5 @@
-"""Native function calling through the model layer (docs/design.md#native): every reader yielding the
-same deltas for the same stream.
+"""Native function calling through the model layer (docs/design.md#native): the request a native round
+sends, and every reader yielding the same deltas for the same stream.
 
 The decoders are checked on bytes cut anywhere in tests/test_llm_wire.py; here, whole calls over
 loopback HTTP: the fast reader and LiteLLM's wrapper reader (`stream_reader = "litellm"`) read the
@@ -11,6 +11,7 @@ said, the test that pins it says so (actors/llm/litellm_reader.py lists them).
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -23,6 +24,8 @@ from actors.llm.call import STREAM_READER, ModelCall
 from actors.llm.deltas import ModelFinished
 from actors.llm.fast import fast_stream
 from actors.llm.litellm_reader import litellm_stream
+from actors.llm.request import build_request, fast_path_supports
+from actors.llm.stream import reader_for
 from actors.llm.transport import aclose_sessions
 from protocol.deltas import (
     ModelDelta,
@@ -222,3 +225,85 @@ async def test_a_tool_use_block_with_no_input_delta_has_no_arguments_through_lit
     (fast, _), (lite, _) = await both_readers("anthropic", events)
     assert merged(fast) == [ToolCallStart(0, "t", "demo_clock"), ToolCallArgs(0, "{}"), ToolCallEnd(0)]
     assert merged(lite) == [ToolCallStart(0, "t", "demo_clock"), ToolCallEnd(0)]
+
+
+# -- the request ---------------------------------------------------------------------------------
+
+
+# A native round's history as the turn writes it (actors/native.py, ids by `history_id`): an
+# assistant message with its thinking blocks, a preamble and a call; the call's tool message; a call
+# with no content; its answer; and the answer so far as the last assistant message — an Anthropic
+# prefill.
+HISTORY: list[dict[str, Any]] = [
+    {"role": "system", "content": "You are the demo agent."},
+    {"role": "user", "content": "Weather in Paris and Lyon?"},
+    {"role": "assistant", "content": "I'll check Paris first.",
+     "thinking_blocks": [{"type": "thinking", "thinking": "Two cities.", "signature": "SIG-1=="},
+                         {"type": "redacted_thinking", "data": "REDACTED-1=="}],
+     "tool_calls": [{"id": "t1_1_0", "type": "function",
+                     "function": {"name": "demo_weather", "arguments": '{"city": "Paris"}'}}]},
+    {"role": "tool", "tool_call_id": "t1_1_0", "content": '{"temp_c": 12}'},
+    {"role": "assistant", "content": None,
+     "tool_calls": [{"id": "t1_2_0", "type": "function",
+                     "function": {"name": "demo_weather", "arguments": '{"city": "Lyon"}'}}]},
+    {"role": "tool", "tool_call_id": "t1_2_0", "content": '{"temp_c": 15}'},
+    {"role": "assistant", "content": "Paris is 12 °C and Lyon"},
+]
+
+
+def sent_body(model: str, base: str = "http://127.0.0.1:1") -> dict[str, Any]:
+    body: dict[str, Any] = json.loads(build_request(call_for(model, base, messages=HISTORY)).body)
+    return body
+
+
+def test_a_call_with_tools_takes_the_fast_path() -> None:
+    for model, path in WIRES.values():
+        call = call_for(model, f"http://127.0.0.1:1{path}", messages=HISTORY)
+        assert fast_path_supports(call) and reader_for(call) == "fast"
+
+
+def test_the_anthropic_request_carries_the_native_history() -> None:
+    body = sent_body(CLAUDE)
+    assert body["tools"] == [{"name": "demo_weather", "description": "The weather in a city.",
+                              "input_schema": WEATHER["function"]["parameters"], "type": "custom"}]
+    assert body["system"] == [{"type": "text", "text": "You are the demo agent."}]
+    roles = [m["role"] for m in body["messages"]]
+    assert roles == ["user", "assistant", "user", "assistant", "user", "assistant"]
+    first, answered, second, answered_again, prefill = body["messages"][1:]
+    # the thinking blocks go back first and unchanged, signatures and redacted data as they came
+    assert first["content"] == [
+        {"type": "thinking", "thinking": "Two cities.", "signature": "SIG-1=="},
+        {"type": "redacted_thinking", "data": "REDACTED-1=="},
+        {"type": "text", "text": "I'll check Paris first."},
+        {"type": "tool_use", "id": "t1_1_0", "name": "demo_weather", "input": {"city": "Paris"}}]
+    assert answered["content"] == [{"type": "tool_result", "tool_use_id": "t1_1_0", "content": '{"temp_c": 12}'}]
+    assert second["content"] == [{"type": "tool_use", "id": "t1_2_0", "name": "demo_weather", "input": {"city": "Lyon"}}]
+    assert answered_again["content"] == [{"type": "tool_result", "tool_use_id": "t1_2_0", "content": '{"temp_c": 15}'}]
+    assert prefill["content"] == [{"type": "text", "text": "Paris is 12 °C and Lyon"}]   # the prefill, last
+
+
+def test_the_openai_request_carries_the_native_history_as_it_is() -> None:
+    body = sent_body("openai/x", "http://127.0.0.1:1/v1")
+    assert body["tools"] == [WEATHER]
+    sent = body["messages"]
+    assert [m["role"] for m in sent] == [m["role"] for m in HISTORY]
+    assert [m.get("tool_calls") for m in sent] == [m.get("tool_calls") for m in HISTORY]
+    assert [m.get("tool_call_id") for m in sent] == [m.get("tool_call_id") for m in HISTORY]
+    assert "content" not in sent[4] and sent[-1] == HISTORY[-1]   # None fields dropped, as LiteLLM does
+
+
+@pytest.mark.parametrize("wire", sorted(WIRES))
+async def test_the_native_request_is_the_one_litellm_sends(wire: str) -> None:
+    model, path = WIRES[wire]
+    served = Served()
+    message = NativeMessage((Text(("ok",)),), "stop")
+    runner, port = await serve(sse_app(lambda: wire_events(wire, message), served=served))
+    base = f"http://127.0.0.1:{port}{path}"
+    try:
+        for reader in ("fast", "litellm"):
+            await read(call_for(model, base, reader=reader, messages=HISTORY))
+    finally:
+        await runner.cleanup()
+    (_, fast_body), (_, lite_body) = served.requests
+    assert fast_body == lite_body
+    assert fast_body["tools"] and fast_body["messages"][-1]["role"] == "assistant"
