@@ -1,8 +1,10 @@
-"""`reactgate agent check PROFILE.toml`: load a profile exactly as `serve` does — tools imported, MCP
+"""`reactgate agent check PROFILE.toml…`: load a profile exactly as `serve` does — tools imported, MCP
 servers started and asked for their tools — and show what its gates will see, per state
 (docs/design.md#your-own-agent).
 
 Exit 0 with a table per state, or 2 with every problem found, each naming the profile and the field.
+Several profiles (or directories of them) are each checked, and then together as `serve` would
+serve them (docs/design.md#several-agents); exit 2 if any fails.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,28 +46,68 @@ def tool_rows(agent: Any) -> list[dict[str, Any]]:
     return rows
 
 
-def check(path: Path, as_json: bool = False) -> int:
+def check(paths: Path | Sequence[Path], as_json: bool = False) -> int:
+    """Check each profile; with several, also whether they can be served together. One profile's
+    --json is one object; several's, a list of them (then `together` if that failed)."""
+    from actors.agent import load_agents, module_clashes, profile_paths
+    from actors.profile import ProfileError
+
+    try:
+        files = profile_paths([paths] if isinstance(paths, Path) else paths)
+    except ProfileError as exc:
+        return _problems("profiles", str(exc).splitlines(), as_json)
+    if len(files) == 1:
+        return _check(files[0], as_json)
+    reports: list[dict[str, Any]] = []
+    clashes = module_clashes(files)
+    if clashes:  # importing them one after the other would check the wrong module
+        code = _problems("together", clashes, as_json, reports)
+        if as_json:
+            print(json.dumps(reports, indent=2))
+        return code
+    codes = [_check(path, as_json, reports) for path in files]
+    if EXIT_PROBLEMS not in codes:
+        try:
+            asyncio.run(load_agents(files))
+        except ProfileError as exc:  # each is fine alone: two agents' names, tools or modules collide
+            codes.append(_problems("together", str(exc).splitlines(), as_json, reports))
+    if as_json:
+        print(json.dumps(reports, indent=2))
+    return EXIT_PROBLEMS if EXIT_PROBLEMS in codes else EXIT_OK
+
+
+def _problems(where: str, problems: list[str], as_json: bool, reports: list[dict[str, Any]] | None = None) -> int:
+    if as_json:
+        report = {"ok": False, "profile": where, "problems": problems}
+        if reports is None:
+            print(json.dumps(report, indent=2))
+        else:
+            reports.append(report)
+    else:
+        print(f"{where}: {len(problems)} problem(s)", file=sys.stderr)
+        for line in problems:
+            print(f"  {line}", file=sys.stderr)
+    return EXIT_PROBLEMS
+
+
+def _check(path: Path, as_json: bool = False, reports: list[dict[str, Any]] | None = None) -> int:
     from actors.agent import load_agent
     from actors.profile import ProfileError
 
     try:
         agent = asyncio.run(load_agent(path))
     except ProfileError as exc:
-        problems = str(exc).splitlines()
-        if as_json:
-            print(json.dumps({"ok": False, "profile": str(path), "problems": problems}, indent=2))
-        else:
-            print(f"{path}: {len(problems)} problem(s)", file=sys.stderr)
-            for line in problems:
-                print(f"  {line}", file=sys.stderr)
-        return EXIT_PROBLEMS
+        return _problems(str(path), str(exc).splitlines(), as_json, reports)
     rows = tool_rows(agent)
     profile = agent.profile
     if as_json:
-        print(json.dumps({"ok": True, "profile": str(path), "agent": profile.name, "model": profile.model,
-                          "decision": profile.decision, "fallbacks": list(profile.fallbacks),
-                          "states": list(profile.states), "tools": rows},
-                         indent=2))
+        report = {"ok": True, "profile": str(path), "agent": profile.name, "model": profile.model,
+                  "decision": profile.decision, "fallbacks": list(profile.fallbacks),
+                  "states": list(profile.states), "tools": rows}
+        if reports is None:
+            print(json.dumps(report, indent=2))
+        else:
+            reports.append(report)
         return EXIT_OK
     _print_tables(path, profile, rows)
     return EXIT_OK

@@ -56,7 +56,10 @@ def _serve_parser(subparsers: Subparsers, name: str) -> argparse.ArgumentParser:
     serve.add_argument("--host", help="bind address (default 127.0.0.1; anything else needs an auth secret)")
     serve.add_argument("--port", type=int, help="port (default 8765; 0 picks a free one)")
     serve.add_argument("--backend", choices=["ray", "local"], help="hosting backend (default ray)")
-    serve.add_argument("--agent", help="agent profile TOML (default: the built-in demo agent)")
+    serve.add_argument("--agent", action="append", metavar="PROFILE.toml|DIR",
+                       help="an agent profile TOML, or a directory of them; repeat to serve several, the first "
+                       "being the default (default: the built-in demo agent)")
+    serve.add_argument("--default-agent", metavar="NAME", help="the agent of `open` without one (default: the first)")
     serve.add_argument("--script", help="play this scripted-model JSON instead of the profile's model")
     serve.add_argument("--model", help="LiteLLM model string serving the agent (provider key from the environment)")
     serve.add_argument("--store", help="sqlite:///PATH (default ./data/reactgate.sqlite3) or postgresql://...")
@@ -66,7 +69,8 @@ def _serve_parser(subparsers: Subparsers, name: str) -> argparse.ArgumentParser:
 
 
 # The flags of `serve` that override a setting (README.md#configuration); unset, the setting stands.
-SERVE_SETTINGS: Final = ("host", "port", "backend", "agent", "script", "model", "store", "ray_address", "auth_secret")
+SERVE_SETTINGS: Final = ("host", "port", "backend", "agent", "default_agent", "script", "model", "store", "ray_address",
+                         "auth_secret")
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -217,7 +221,8 @@ def _agent_check_parser(subparsers: Subparsers, name: str) -> argparse.ArgumentP
     check = subparsers.add_parser(
         name, help="load a profile as serve would (tools imported, MCP servers started) and print its tools per state",
     )
-    check.add_argument("profile", help="agent profile TOML")
+    check.add_argument("profile", nargs="+", help="agent profile TOML, or a directory of them; several are each "
+                       "checked, then together")
     check.add_argument("--json", action="store_true", help="print JSON instead of tables")
     return check
 
@@ -225,7 +230,7 @@ def _agent_check_parser(subparsers: Subparsers, name: str) -> argparse.ArgumentP
 def _agent_check(args: argparse.Namespace) -> int:
     from gateway.agent_check import check
 
-    return check(Path(args.profile), as_json=args.json)
+    return check([Path(p) for p in args.profile], as_json=args.json)
 
 
 # -- replay ---------------------------------------------------------------------------------------
