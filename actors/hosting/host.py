@@ -81,9 +81,10 @@ class _Active:
 
 
 def first_message(state: ConversationState) -> str | None:
-    """The conversation's first user message, as its state holds it: no event records the text
-    (docs/design.md#conversation-list). The timeline's first `user.message` block, else the running
-    turn's message, else the first queued one."""
+    """The conversation's first user message, as its state holds it (docs/design.md#conversation-list):
+    the timeline's first `user.message` block, else the running turn's message, else the first queued
+    one. The same words as its first `user.message` event, without reading the log, and there too for
+    a conversation logged before that event existed."""
     for block in state.timeline:
         if isinstance(block, UserMessageBlock):
             return block.text
