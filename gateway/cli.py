@@ -259,6 +259,32 @@ def _replay(args: argparse.Namespace) -> int:
     return run(args)
 
 
+# -- conversations --------------------------------------------------------------------------------
+
+
+def _conversations_parser(subparsers: Subparsers, name: str) -> argparse.ArgumentParser:
+    listing = subparsers.add_parser(
+        name,
+        help="list conversations from the store, most recently active first: one owner's, or everyone's",
+        description="The conversation list a caller gets from `list` or GET /v1/conversations, for operators, "
+        "read from the store: one owner's (--tenant and --sub) or everyone's, newest activity first, a page at "
+        "a time (--before the cursor the previous page printed). Ids go on to `reactgate replay`.",
+    )
+    listing.add_argument("--store", required=True, help="sqlite:///PATH or postgresql://...")
+    listing.add_argument("--tenant", help="the owner's tenant (with --sub)")
+    listing.add_argument("--sub", help="the owner's sub (with --tenant)")
+    listing.add_argument("--limit", type=int, default=50, help="conversations per page (default 50, at most 1000)")
+    listing.add_argument("--before", metavar="CURSOR", help="the next page after the one that printed this cursor")
+    listing.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
+    return listing
+
+
+def _conversations(args: argparse.Namespace) -> int:
+    from gateway.conversations_command import run
+
+    return run(args)
+
+
 # -- the table ------------------------------------------------------------------------------------
 
 GROUPS: Final[Mapping[str, str]] = {"agent": "work with agent profiles"}
@@ -267,13 +293,14 @@ GROUPS: Final[Mapping[str, str]] = {"agent": "work with agent profiles"}
 # parser of its arguments, what runs it. Parsing imports nothing beyond argparse; each run imports
 # what it needs.
 SUBCOMMANDS: Final[Mapping[str, tuple[AddParser, Run]]] = {
-    #  reactgate …   parser                run
-    "serve":       (_serve_parser,       _serve),
-    "chat":        (_chat_parser,        _chat),
-    "mock-llm":    (_mock_llm_parser,    _mock_llm),
-    "loadtest":    (_loadtest_parser,    _loadtest),
-    "agent check": (_agent_check_parser, _agent_check),
-    "replay":      (_replay_parser,      _replay),
+    #  reactgate …     parser                  run
+    "serve":         (_serve_parser,         _serve),
+    "chat":          (_chat_parser,          _chat),
+    "mock-llm":      (_mock_llm_parser,      _mock_llm),
+    "loadtest":      (_loadtest_parser,      _loadtest),
+    "agent check":   (_agent_check_parser,   _agent_check),
+    "replay":        (_replay_parser,        _replay),
+    "conversations": (_conversations_parser, _conversations),
 }  # fmt: skip
 
 
