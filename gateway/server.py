@@ -279,7 +279,8 @@ class GatewayServer:
         if not self._origins.allows(origins, request.headers.get("Host")):
             self.metrics.connections_refused.labels("origin").inc()
             # the Origin only (the client's choice, repr-escaped and cut short), never a token
-            log.warning("refused a request for %s from origin %.200r", _path(request), ", ".join(origins))
+            what = "a WebSocket handshake" if _path(request) == WS_PATH else f"a request for {_path(request)}"  # a ROUTES key
+            log.warning("refused %s from origin %.200r", what, ", ".join(origins))
             return connection.respond(HTTPStatus.FORBIDDEN, "forbidden: origin not allowed\n")
         try:
             return authenticate(request.headers, request.path.partition("?")[2], self._verifier)
