@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from actors.identity import CALLER_META
 from actors.profile import AgentProfile, ProfileError, demo_profile, load_profile
 from actors.tools.demo import demo_tools
 from actors.tools.functions import ToolLoadError, load_tool
@@ -67,7 +68,9 @@ def mcp_tool(server: McpServerConfig, spec: McpToolSpec) -> Tool[Any]:
     entry = server.tools[spec.name]
 
     async def handler(params: SchemaParams, ctx: ToolContext) -> dict[str, Any]:
-        return await sessions().call(server, spec.name, params.model_dump())
+        # The caller rides in the request's `_meta` (docs/design.md#mcp-servers); never the token.
+        meta = {CALLER_META: ctx.caller.as_meta()} if ctx.caller is not None else None
+        return await sessions().call(server, spec.name, params.model_dump(), meta=meta)
 
     return Tool(server.tool_id(spec.name), SchemaParams, handler, entry.trait, entry.safety, entry.uses_code,
                 entry.transitions_state, spec.description, params_schema=spec.input_schema)

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Protocol
 
+from actors.identity import Caller
+
 
 class Trait(StrEnum):
     EXPLORATION = "exploration"    # fetches data a later step reads
@@ -123,7 +125,7 @@ class ToolExecutor(Protocol):
 
     async def execute_batch(
         self, conversation_id: str, turn_id: str, calls: Sequence[ToolCall], *,
-        exploration_cap: int, timeout_s: float, catalog: Catalog | None = None,
+        exploration_cap: int, timeout_s: float, catalog: Catalog | None = None, caller: Caller | None = None,
     ) -> list[Observation]: ...
 
     async def reset_exploration(self, conversation_id: str) -> None: ...

@@ -23,6 +23,7 @@ from actors.catalog import Catalog, ToolExecutor
 from actors.context import Step, TokenCounter
 from actors.decision import decision_for
 from actors.eventlog import EventLog
+from actors.identity import Caller
 from actors.llm.lite import litellm_module
 from actors.llm.stream import ModelDelta, ModelFinished, StreamItem
 from actors.profile import AgentProfile, Policies
@@ -42,6 +43,7 @@ class QueuedMessage(msgspec.Struct, frozen=True):
     message_id: str
     text: str
     trace: dict[str, str] = msgspec.field(default_factory=dict)  # its command's trace (docs/design.md#tracing)
+    caller: Caller | None = None   # who sent it: its turn's tools may know (docs/design.md#your-tools)
 
 
 class ConversationState(msgspec.Struct, kw_only=True):
@@ -193,13 +195,13 @@ class Conversation:
     # -- the mailbox ------------------------------------------------------------------------------
 
     def user_message(self, message_id: str, text: str, trace: Mapping[str, str] | None = None, *,
-                     kind: MessageKind | None = None) -> None:
+                     kind: MessageKind | None = None, caller: Caller | None = None) -> None:
         """Start a turn, or queue it as a follow-up if one is running (docs/design.md#follow-ups).
         The user's words are logged first, so the conversation reads back as both sides wrote it."""
         if kind is None:
             kind = MessageKind.FOLLOW_UP if self.busy else MessageKind.MESSAGE
         self.emit(UserSaid(message_id=message_id, text=text, kind=kind))
-        self.state.queue.append(QueuedMessage(message_id, text, dict(trace or {})))
+        self.state.queue.append(QueuedMessage(message_id, text, dict(trace or {}), caller))
         self._kick()
 
     def resume(self) -> None:
@@ -207,13 +209,14 @@ class Conversation:
         if self.state.current is not None or self.state.queue:
             self._kick()
 
-    def steer(self, text: str, message_id: str = "", trace: Mapping[str, str] | None = None) -> None:
+    def steer(self, text: str, message_id: str = "", trace: Mapping[str, str] | None = None, *,
+              caller: Caller | None = None) -> None:
         message_id = message_id or f"steer-{self.state.turns + 1}"
         if self._turn is not None:
             self.emit(UserSaid(message_id=message_id, text=text, kind=MessageKind.STEER))
             self._turn.steer(text)
         else:  # nothing to steer: the words are a message of their own
-            self.user_message(message_id, text, trace, kind=MessageKind.STEER)
+            self.user_message(message_id, text, trace, kind=MessageKind.STEER, caller=caller)
 
     def answer(self, ask_id: str, answer: str) -> bool:
         future = self._answers.get(ask_id)
@@ -382,7 +385,8 @@ class Conversation:
                 else:
                     message = self.state.queue.pop(0)
                     self.state.turns += 1
-                    turn = Turn.new(self, f"t{self.state.turns}", message.message_id, message.text, message.trace)
+                    turn = Turn.new(self, f"t{self.state.turns}", message.message_id, message.text, message.trace,
+                                    message.caller)
                 self._turn = turn
                 try:
                     await turn.run(resumed=resumed)

@@ -54,7 +54,7 @@ def _adopt_started_turn(conv: Conversation, started: TurnStarted) -> None:
     state.turns += 1
     conv.record(UserMessageBlock(started.turn_id, message.message_id, message.text))
     state.current = TurnProgress(turn_id=started.turn_id, message_id=message.message_id, text=message.text,
-                                 trace=message.trace)  # the resumed turn stays in its message's trace
+                                 trace=message.trace, caller=message.caller)  # the resumed turn stays in its message's trace
 
 
 def _recover_turn(conv: Conversation, current: TurnProgress, tail: Sequence[Event]) -> None:

@@ -34,7 +34,15 @@ from actors.profile import AgentProfile
 from actors.round import RoundResult, ToolCallReady
 from actors.store.base import RoundOutput
 from actors.tools.registry import ToolRegistry
-from actors.turn_machine import BUDGET_REACHED, Budget, End, Execute, TurnMachine, TurnProgress
+from actors.turn_machine import (
+    BUDGET_REACHED,
+    Budget,
+    End,
+    Execute,
+    TurnMachine,
+    TurnProgress,
+    provider_failed,
+)
 from protocol.events import (
     EndReason,
     Event,
@@ -337,6 +345,8 @@ class _TurnReplayer:
         cut = next((n for n in reversed(recorded.notices) if n.code in CUT_CODES), None)
         streamed = decision.feed(engine, output.raw)
         tail, result = engine.finish(cut=cut, interrupted=recorded.steered)
+        if cut is not None and provider_failed(cut):  # as the live turn marks it: its end may name the provider
+            result.provider_error = cut.message
         streamed += tail
         thinking = "".join(e.text for e in streamed if isinstance(e, ThinkingDelta))
         calls = [(e.call.tool_id, e.call.call_id) for e in streamed if isinstance(e, ToolCallReady)]

@@ -103,6 +103,7 @@ class RoundResult:
     denied: list[DeniedAction]
     preamble_aborted: bool = False
     partial: bool = False          # salvaged from a cut that could not be continued (#continuation)
+    provider_error: str | None = None  # the provider failure that cut it ("kind: message", ProviderError.cause)
 
     @property
     def answer_text(self) -> str:

@@ -25,6 +25,7 @@ from actors.context import Step, params_digest
 from actors.continuation import RestartCheck
 from actors.decision import Decision
 from actors.gates import RoundRules
+from actors.identity import Caller
 from actors.llm.stream import ModelDelta, ModelFallback, ModelFinished, ProviderError, StreamItem
 from actors.profile import Policies
 from actors.quotas import tool_calls_refusal_detail
@@ -154,8 +155,9 @@ class Turn:
 
     @classmethod
     def new(cls, ctx: TurnContext, turn_id: str, message_id: str, text: str,
-            trace: Mapping[str, str] | None = None) -> Turn:
-        return cls(ctx, TurnProgress(turn_id=turn_id, message_id=message_id, text=text, trace=dict(trace or {})))
+            trace: Mapping[str, str] | None = None, caller: Caller | None = None) -> Turn:
+        return cls(ctx, TurnProgress(turn_id=turn_id, message_id=message_id, text=text, trace=dict(trace or {}),
+                                     caller=caller))
 
     def progress(self) -> TurnProgress:
         """The turn as a checkpoint keeps it."""
@@ -350,8 +352,9 @@ class Turn:
                 if then is Then.CUT:
                     notice = cut_notice(end, holds, continuations=continuations,
                                         kind=failure.kind if failure else "",
-                                        mid_response=failure.after_first_delta if failure else True)
-                    return self._finish_cut(engine, notice)
+                                        mid_response=failure.after_first_delta if failure else True,
+                                        cause=failure.detail if failure else "", model=failure.model if failure else "")
+                    return self._finish_cut(engine, notice, failure.cause if failure else None)
                 continuations += 1
                 if failure is not None:
                     models = self._continuation_models(failure)
@@ -413,10 +416,13 @@ class Turn:
             self._emit(Fallback(from_model=failure.model, to_model=to, error=f"{failure.kind}: {failure.message}"))
         return models
 
-    def _finish_cut(self, engine: RoundEngine, cut: Notice) -> RoundResult:
-        """End a round whose stream was cut and not continued; a streamed answer is then partial."""
+    def _finish_cut(self, engine: RoundEngine, cut: Notice, provider_error: str | None = None) -> RoundResult:
+        """End a round whose stream was cut and not continued; a streamed answer is then partial.
+        `provider_error`: the provider failure that cut it, which names the turn's end if this round
+        spends the last retry."""
         result = self._finish_engine(engine, cut)
         result.partial = result.outcome is RoundOutcome.SALVAGE
+        result.provider_error = provider_error
         return result
 
     def _finish_engine(self, engine: RoundEngine, cut: Notice | None = None, *, interrupted: bool = False) -> RoundResult:
@@ -490,6 +496,7 @@ class Turn:
                 batch = ctx.tools.execute_batch(
                     ctx.conversation_id, self.turn_id, regular,
                     exploration_cap=m.exploration_cap, timeout_s=pol.tool_timeout_s, catalog=ctx.catalog,
+                    caller=m.progress.caller,
                 )
                 observations = await (self._inner_task(batch) if allow_steer else batch)
                 for call, obs in zip(regular, observations, strict=True):
@@ -579,6 +586,7 @@ class Turn:
         self._emit(TurnCompleted(
             turn_id=self.turn_id, reason=end.reason, final_answer=end.answer,
             used_tools=self.machine.progress.observations > 0, finish_ok=end.finish_ok, partial=end.partial,
+            error=end.error,
         ))
 
     def _emit(self, data: EventData) -> None:

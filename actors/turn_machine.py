@@ -36,6 +36,7 @@ import msgspec
 
 from actors.catalog import ASK_USER_TOOL, Catalog, Observation, ToolCall, ToolDecl, Trait
 from actors.gates import CONTINUE_EXPLORING, EXPLORATION_MARKER, RoundRules
+from actors.identity import Caller
 from actors.profile import Policies
 from actors.quotas import admitted_tool_calls
 from actors.round import AcceptedCall, RoundOutcome, RoundResult
@@ -107,6 +108,7 @@ def transition(phase: Phase, move: Move) -> Phase:
 
 GIVE_UP_MESSAGES: Final[Mapping[EndReason, str]] = {
     EndReason.PROTOCOL_VIOLATION: "Sorry — I could not produce a valid response this time. Please try again.",
+    EndReason.PROVIDER_ERROR: "Sorry — the model provider failed, so I have no answer this time. Please try again later.",
     EndReason.ITERATION_LIMIT: "Sorry — I reached my step limit for this request before finishing.",
     EndReason.ERROR: "Sorry — something went wrong on our side.",
 }
@@ -161,6 +163,7 @@ class TurnProgress(msgspec.Struct, kw_only=True):
     streaming: bool = False       # taken while round `round_no` was streaming (a command's save)
     tool_calls: int = 0           # calls admitted to run (the tool-calls-per-turn quota)
     trace: dict[str, str] = msgspec.field(default_factory=dict)  # its message's trace (docs/design.md#tracing)
+    caller: Caller | None = None  # who sent its message: what its tools know of who calls (docs/design.md#your-tools)
 
 
 # -- continuation: how a round's model stream ended, and what follows --------------------------------------
@@ -212,8 +215,21 @@ CONTINUATION: Final[Mapping[tuple[StreamEnd, Holds], Then]] = {
 }
 
 
-def cut_notice(end: StreamEnd, holds: Holds, *, continuations: int, kind: str = "", mid_response: bool = True) -> Notice:
-    """Why a round ended cut: a fact of the stream, never the model's mistake (guarantee 4)."""
+# Every notice of a round the provider cut opens with this (replay tells them by it, from the
+# recording: a restarted continuation's notice shares the code, not the words).
+PROVIDER_FAILED: Final = "the model provider failed"
+
+
+def provider_failed(notice: Notice) -> bool:
+    """Whether a round's cut notice says the provider failed (not a continuation that started over)."""
+    return notice.code is NoticeCode.PROVIDER_ERROR and notice.message.startswith(PROVIDER_FAILED)
+
+
+def cut_notice(end: StreamEnd, holds: Holds, *, continuations: int, kind: str = "", mid_response: bool = True,
+               cause: str = "", model: str = "") -> Notice:
+    """Why a round ended cut: a fact of the stream, never the model's mistake (guarantee 4). A
+    provider failure says so to the model in as many words, with the provider's own words `cause`
+    (`ProviderError.detail`: one line, keys scrubbed) and the `model` that failed."""
     if end is StreamEnd.RESTARTED:
         return Notice(code=NoticeCode.PROVIDER_ERROR,
                       message="the response was cut, and the continuation started over instead of continuing")
@@ -225,8 +241,11 @@ def cut_notice(end: StreamEnd, holds: Holds, *, continuations: int, kind: str = 
             return Notice(code=NoticeCode.OUTPUT_TRUNCATED, message="the response was empty and cut at the length limit")
         return Notice(code=NoticeCode.OUTPUT_TRUNCATED,
                       message=f"the response was cut at the length limit after {continuations} continuations")
+    where = " in the middle of the response" if mid_response else ""
+    which = f" for model {model!r}" if model else ""
+    detail = f": {cause}" if cause else ""
     return Notice(code=NoticeCode.PROVIDER_ERROR,
-                  message=f"the model provider failed ({kind})" + (" in the middle of the response" if mid_response else ""))
+                  message=f"{PROVIDER_FAILED} ({kind}){where}{which}{detail}. This is not your mistake.")
 
 
 def continuation_models(models: Sequence[str], failed: str) -> tuple[list[str], str | None]:
@@ -251,6 +270,7 @@ class End:
     finish_ok: bool
     partial: bool = False
     traces: tuple[EventData, ...] = ()
+    error: str | None = None      # provider_error: the failure (`ProviderError.cause`), for `turn.completed.error`
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,7 +415,10 @@ class TurnMachine:
         self.progress.retries += 1
         if self.progress.retries > self.policies.max_protocol_retries:
             self._move(Move.GIVE_UP)
-            return End(EndReason.PROTOCOL_VIOLATION, GIVE_UP_MESSAGES[EndReason.PROTOCOL_VIOLATION], False)
+            # The round that spent the last retry names the cause: the provider's failure is not the
+            # model's mistake, and is never reported as one (guarantee 4, docs/design.md#validation).
+            reason = EndReason.PROVIDER_ERROR if result.provider_error is not None else EndReason.PROTOCOL_VIOLATION
+            return End(reason, GIVE_UP_MESSAGES[reason], False, error=result.provider_error)
         self._move(move)
         return Decide()
 

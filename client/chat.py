@@ -9,7 +9,9 @@ know arrives as plain data and is shown as such. `ChatShell` only moves lines be
 `Connection`, stdin and two rich consoles: the transcript goes to stdout and connection status to
 stderr, so a resumed answer reads as one unbroken text. The one file it writes is an export
 (`/export FILE`, `write_export`): JSONL, one event frame per line, exactly as the gateway sent it.
-`/delete` asks once, then deletes the conversation for good and the chat ends.
+`/delete` asks once, then deletes the conversation for good and the chat ends. The chat also
+remembers the last conversation it opened per server URL (`client/resume.py`), for `--resume`, and
+Ctrl-C says how to come back. `--message` exits with what its turn came to (`turn_exit_code`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from rich.console import Console
 from rich.text import Text
 
 from client.connection import Backoff, Connection, ConnectionLost, Item
+from client.resume import LastConversations, come_back
 from client.session import (
     Acked,
     ClientSession,
@@ -74,6 +77,18 @@ HELP: Final = (
     "  (//text sends a message starting with /)"
 )
 CONFIRM_DELETE: Final = "delete this conversation and its whole history for good? type yes to confirm"
+
+# `--message`'s exit codes (docs/operations.md#commands): 0 when its turn gave the user an answer —
+# `complete`, `exit`, or a `salvaged` one that was not cut short — else EXIT_TURN_FAILED (a give-up,
+# `provider_error`, `error`, `cancelled`, an answer cut short). 2: no connection, or refused; 130: Ctrl-C.
+ANSWERED: Final = frozenset({EndReason.COMPLETE, EndReason.EXIT, EndReason.SALVAGED})
+EXIT_TURN_FAILED: Final = 1
+EXIT_FATAL: Final = 2
+EXIT_INTERRUPTED: Final = 130
+
+
+def turn_exit_code(done: TurnCompleted) -> int:
+    return 0 if done.reason in ANSWERED and not done.partial else EXIT_TURN_FAILED
 
 
 # ---------------------------------------------------------------------------------------------
@@ -201,6 +216,7 @@ class Chat:
         self.turn_active = False
         self.awaited_message_id: str | None = None    # --message: the turn to wait for
         self.awaited_turn_id: str | None = None
+        self.awaited_end: TurnCompleted | None = None  # --message: how that turn ended
         self.confirming_delete = False                # /delete asked; the next line answers
         self.exports: dict[str, tuple[str, list[str]]] = {}   # export id → (file, lines so far)
         self.mine: set[str] = set()                   # ids of what this client sent: the terminal already shows them
@@ -251,11 +267,13 @@ class Chat:
             case ToolResult(call_id=call_id):
                 if self.pending_ask is not None and self.pending_ask.ask_id == call_id:
                     self.pending_ask = None  # answered (here or elsewhere) or timed out
-            case TurnCompleted(turn_id=turn_id):
+            case TurnCompleted(turn_id=turn_id) as done:
                 self.turn_active = False
                 self.pending_ask = None
                 step.idle = True
                 step.done = turn_id == self.awaited_turn_id
+                if step.done:
+                    self.awaited_end = done
         return step
 
     # -- what the user types ----------------------------------------------------------------------
@@ -428,7 +446,8 @@ class Transcript:
         extra = (", no tools used" if not done.used_tools else "") + (", finish not ok" if not done.finish_ok else "")
         if done.partial:  # the answer was cut and could not be continued: say so, it is not finished
             return out + self._line(f"✂ turn {done.turn_id} {done.reason}: the answer was cut short{extra}", "turn.bad")
-        return out + self._line(f"{mark} turn {done.turn_id} {done.reason}{extra}", style)
+        cause = f" ({done.error})" if done.error else ""   # provider_error: what the provider said
+        return out + self._line(f"{mark} turn {done.turn_id} {done.reason}{cause}{extra}", style)
 
     def _stream(self, key: tuple[str, str, int], prefix: str, text: str, style: str) -> list[Segment]:
         out: list[Segment] = []
@@ -508,8 +527,10 @@ class ChatShell:
         err: Console | None = None,
         backoff: Backoff | None = None,
         give_up_after_s: float = 120.0,
+        last: LastConversations | None = None,
     ) -> None:
         self.chat = chat
+        self.last = last
         self.url = url
         self.token = token
         self.message = message
@@ -551,12 +572,27 @@ class ChatShell:
             if step.save is not None:
                 step.shown.append(write_export(step.save))
             self._draw(step)
+            if isinstance(item, Opened | Deleted):
+                self._keep_last(item)
             if step.fatal:
                 self._status(f"giving up: {step.fatal}")
-                return 2
+                return EXIT_FATAL
             if step.done and not self.interactive:
-                return 0
+                assert self.chat.awaited_end is not None
+                return turn_exit_code(self.chat.awaited_end)
         return self._result if self._result is not None else 0  # ended by /quit or Ctrl-D
+
+    def _keep_last(self, item: Opened | Deleted) -> None:
+        """What `--resume` continues on this URL: the conversation just opened; nothing once it is deleted."""
+        if self.last is None:
+            return
+        try:
+            if isinstance(item, Opened):
+                self.last.remember(self.url, item.conversation_id)
+            else:
+                self.last.forget(self.url, item.conversation_id)
+        except OSError as exc:
+            self._status(f"cannot remember the conversation for --resume in {self.last.path}: {exc.strerror or exc}")
 
     async def _pump_input(self, connection: Connection) -> None:
         assert self._stdin is not None
@@ -614,11 +650,24 @@ def run_chat(
     agent: str | None = None,
     mode: Mode | str | None = None,
     give_up_after_s: float = 120.0,
+    resume: bool = False,
+    last: LastConversations | None = None,
 ) -> int:
-    """Entry point of `reactgate chat`; returns the exit code (0, 2 on a fatal error, 130 on Ctrl-C)."""
+    """Entry point of `reactgate chat`; returns the exit code (0; 1 when `message`'s turn failed,
+    see `turn_exit_code`; 2 on a fatal error or nothing to resume; 130 on Ctrl-C). `resume`: continue
+    the last conversation `last` remembers for `url`."""
+    if resume:
+        conversation_id = last.get(url) if last is not None else None
+        if conversation_id is None:
+            where = f" ({last.path})" if last is not None else ""
+            print(f"reactgate chat: no conversation to resume on {url}{where}: start one with reactgate chat",
+                  file=sys.stderr)
+            return EXIT_FATAL
     chat = Chat(ClientSession(conversation_id, agent=agent, mode=mode))
-    shell = ChatShell(chat, url, token=token, message=message, give_up_after_s=give_up_after_s)
+    shell = ChatShell(chat, url, token=token, message=message, give_up_after_s=give_up_after_s, last=last)
     try:
         return asyncio.run(shell.run())
     except KeyboardInterrupt:
-        return 130
+        if chat.session.conversation_id is not None:
+            print(f"\n[chat] {come_back(url, chat.session.conversation_id, DEFAULT_URL)}", file=sys.stderr)
+        return EXIT_INTERRUPTED

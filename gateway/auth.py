@@ -24,8 +24,8 @@ Tokens and keys are secrets: nothing here logs them or puts them in an error mes
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Protocol
 from urllib.parse import parse_qs
@@ -35,7 +35,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from pydantic import SecretStr
 
-from actors.identity import Owner
+from actors.identity import Caller, Owner
 from gateway.settings import Settings
 
 ANONYMOUS = Owner(tenant="local", sub="local")
@@ -66,15 +66,21 @@ def token_from(headers: _Headers | Mapping[str, str], query: str | Mapping[str, 
 
 
 @dataclass(frozen=True, slots=True)
-class Caller:
-    """An authenticated handshake: who, and until when (the token's `exp`, unix seconds; None for
-    the anonymous caller, whose connection never expires)."""
+class Authenticated:
+    """An authenticated handshake: who, until when (the token's `exp`, unix seconds; None for the
+    anonymous caller, whose connection never expires), and the token's verified claims, of which
+    tools see only those an operator names (`REACTGATE_TOOL_CLAIMS`, `tool_caller`)."""
 
     owner: Owner
     expires_at: float | None = None
+    claims: Mapping[str, Any] = field(default_factory=dict)
+
+    def tool_caller(self, names: Sequence[str]) -> Caller:
+        """What a tool may know of who calls (docs/design.md#your-tools): tenant, sub and the named claims."""
+        return Caller.of(self.owner, {name: self.claims[name] for name in names if name in self.claims})
 
 
-ANONYMOUS_CALLER: Final = Caller(ANONYMOUS)
+ANONYMOUS_CALLER: Final = Authenticated(ANONYMOUS)
 
 
 class AuthConfigError(ValueError):
@@ -113,7 +119,7 @@ class Verifier:
         if audience is not None:
             self._required.append("aud")
 
-    def verify(self, token: str) -> Caller:
+    def verify(self, token: str) -> Authenticated:
         key = self._key_for(token)
         try:
             claims = jwt.decode(
@@ -140,7 +146,7 @@ class Verifier:
         sub, tenant = claims.get("sub"), claims.get("tenant")
         if not isinstance(sub, str) or not sub or not isinstance(tenant, str) or not tenant:
             raise Unauthorized("claims `sub` and `tenant` must be non-empty strings")
-        return Caller(Owner(tenant=tenant, sub=sub), expires_at=float(claims["exp"]))
+        return Authenticated(Owner(tenant=tenant, sub=sub), expires_at=float(claims["exp"]), claims=claims)
 
     def _key_for(self, token: str) -> _Key:
         if not self._by_kid:
@@ -162,7 +168,7 @@ def authenticate(
     headers: _Headers | Mapping[str, str],
     query: str | Mapping[str, str],
     verifier: Verifier | None,
-) -> Caller:
+) -> Authenticated:
     """The caller. Raises Unauthorized (→ HTTP 401) when auth is configured and the token fails."""
     if verifier is None:
         return ANONYMOUS_CALLER

@@ -114,10 +114,13 @@ def _chat_parser(subparsers: Subparsers, name: str) -> argparse.ArgumentParser:
     chat = subparsers.add_parser(name, help="terminal client: stream a conversation, resume after reconnect")
     chat.add_argument("--url", default="ws://127.0.0.1:8765/ws", help="gateway WebSocket URL")
     chat.add_argument("--token", help="JWT (default: REACTGATE_TOKEN; argv is visible to other users)")
-    chat.add_argument("--conversation", help="re-open this conversation (replays its history)")
+    which = chat.add_mutually_exclusive_group()
+    which.add_argument("--conversation", help="re-open this conversation (replays its history)")
+    which.add_argument("--resume", action="store_true",
+                       help="re-open the last conversation this chat opened on --url (replays its history)")
     chat.add_argument("--agent", help="agent profile for a new conversation (default: the server's)")
     chat.add_argument("--mode", choices=["agent", "ask"], help="set this mode when opening")
-    chat.add_argument("--message", help="send one message, print the turn, exit 0 when it completes")
+    chat.add_argument("--message", help="send one message, print the turn, exit 0 when it gave an answer (else 1)")
     chat.add_argument("--give-up-after", type=float, default=120.0, metavar="S",
                       help="exit 2 after S seconds without a connection (default 120)")
     return chat
@@ -125,10 +128,12 @@ def _chat_parser(subparsers: Subparsers, name: str) -> argparse.ArgumentParser:
 
 def _chat(args: argparse.Namespace) -> int:
     from client.chat import run_chat
+    from client.resume import LastConversations, state_path
 
     return run_chat(
         args.url, token=_token(args), conversation_id=args.conversation, message=args.message,
         agent=args.agent, mode=args.mode, give_up_after_s=args.give_up_after,
+        resume=args.resume, last=LastConversations(state_path(os.environ)),
     )
 
 
@@ -136,7 +141,7 @@ def _chat(args: argparse.Namespace) -> int:
 
 
 def _mock_llm_parser(subparsers: Subparsers, name: str) -> argparse.ArgumentParser:
-    mock = subparsers.add_parser(name, help="serve a script as an OpenAI-compatible SSE endpoint")
+    mock = subparsers.add_parser(name, help="serve a script as OpenAI-compatible and Anthropic Messages SSE endpoints")
     mock.add_argument("--script", required=True, help="script JSON file (docs/design.md#scripted-model)")
     mock.add_argument("--host", default="127.0.0.1")
     mock.add_argument("--port", type=int, default=8766)
@@ -224,13 +229,15 @@ def _agent_check_parser(subparsers: Subparsers, name: str) -> argparse.ArgumentP
     check.add_argument("profile", nargs="+", help="agent profile TOML, or a directory of them; several are each "
                        "checked, then together")
     check.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    check.add_argument("--probe", action="store_true",
+                       help="call each model once, as a turn would, and say what came back (exit 1 if one fails)")
     return check
 
 
 def _agent_check(args: argparse.Namespace) -> int:
     from gateway.agent_check import check
 
-    return check([Path(p) for p in args.profile], as_json=args.json)
+    return check([Path(p) for p in args.profile], as_json=args.json, run_probe=args.probe)
 
 
 # -- replay ---------------------------------------------------------------------------------------

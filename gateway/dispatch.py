@@ -38,6 +38,7 @@ from actors.hosting.backend import (
     UnknownAsk,
     UserMessage,
 )
+from actors.identity import Caller
 from actors.quotas import QuotaExceeded
 from gateway.session import FORBIDDEN_MESSAGE
 from protocol.frames import (
@@ -75,6 +76,8 @@ class Peer(Protocol):
 
     @property
     def owner(self) -> Owner: ...
+    @property
+    def caller(self) -> Caller: ...
     @property
     def trace_parent(self) -> Context | None: ...
     @property
@@ -129,17 +132,18 @@ async def _command(frame: CommandFrame, peer: Peer, backend: Backend) -> None:
     kind = str(type(frame).__struct_config__.tag)
     # One span per command, child of the connection's upgrade trace (docs/design.md#tracing).
     with tracing.command(peer.trace_parent, frame.conversation_id, kind, frame.id) as trace:
-        status = await backend.command(peer.owner, frame.conversation_id, _to_command(frame, trace))
+        status = await backend.command(peer.owner, frame.conversation_id, _to_command(frame, trace, peer.caller))
     peer.send(Ack(id=frame.id, status=status, conversation_id=frame.conversation_id))
 
 
-def _to_command(frame: CommandFrame, trace: dict[str, str]) -> Command:
-    """The backend's command for a command frame; the trace rides on those that start a turn."""
+def _to_command(frame: CommandFrame, trace: dict[str, str], caller: Caller) -> Command:
+    """The backend's command for a command frame; the trace and the caller ride on those that start
+    a turn (docs/design.md#tracing, #your-tools)."""
     match frame:
         case UserMessageFrame():
-            return UserMessage(id=frame.id, text=frame.text, trace=trace)
+            return UserMessage(id=frame.id, text=frame.text, trace=trace, caller=caller)
         case SteerFrame():
-            return Steer(id=frame.id, text=frame.text, trace=trace)
+            return Steer(id=frame.id, text=frame.text, trace=trace, caller=caller)
         case AnswerFrame():
             return Answer(id=frame.id, ask_id=frame.ask_id, answer=frame.answer)
         case SetModeFrame():

@@ -52,7 +52,7 @@ from websockets.typing import Subprotocol
 from actors import tracing
 from actors.hosting.backend import Backend, ConfigurationReplaced
 from actors.quotas import QuotaExceeded, Scope, connection_refusal, scope_key
-from gateway.auth import Caller, Unauthorized, authenticate, load_verifier
+from gateway.auth import Authenticated, Unauthorized, authenticate, load_verifier
 from gateway.dispatch import dispatch, quota_error
 from gateway.limits import quota_limits, session_limits
 from gateway.metrics import GatewayMetrics
@@ -106,7 +106,7 @@ class GatewayServer:
         # Refuses to construct with auth settings that cannot work (AuthConfigError, OriginConfigError).
         self._verifier = load_verifier(settings)
         self._origins = OriginPolicy.from_settings(settings)
-        self._callers: weakref.WeakKeyDictionary[ServerConnection, Caller] = weakref.WeakKeyDictionary()
+        self._callers: weakref.WeakKeyDictionary[ServerConnection, Authenticated] = weakref.WeakKeyDictionary()
         self._server: Server | None = None
         self._backend_started = False
         self._draining = False
@@ -271,7 +271,7 @@ class GatewayServer:
         self._callers[connection] = caller
         return None
 
-    def _caller(self, connection: ServerConnection, request: Request) -> Caller | Response:
+    def _caller(self, connection: ServerConnection, request: Request) -> Authenticated | Response:
         """Who is asking, by the handshake's rules, for /ws and the HTTP endpoints behind a token
         (docs/wire-protocol.md#16-agents-and-the-conversation-list): 403 for a browser page from an
         origin not allowed, 401 without a valid token."""
@@ -337,7 +337,7 @@ class GatewayServer:
             await self._refuse_connection(ws, caller.owner.tenant, refused)
             return
         session = Session(ws, caller.owner, self.backend, self._session_limits, self.metrics, expires_at=caller.expires_at,
-                          trace_parent=_upgrade_trace(ws.request))
+                          trace_parent=_upgrade_trace(ws.request), caller=caller.tool_caller(self.settings.tool_claims))
         self.sessions.add(session)
         self._connections.update(held)
         self.metrics.connections_total.inc()

@@ -34,7 +34,7 @@ from opentelemetry.context import Context
 from websockets.exceptions import ConnectionClosed
 
 from actors.hosting.backend import Backend, Export, Forbidden
-from actors.identity import Owner
+from actors.identity import Caller, Owner
 from gateway.limits import BadFrameCounter, SessionLimits, TokenBucket
 from gateway.metrics import GatewayMetrics
 from protocol.events import ConversationDeleted, Event
@@ -114,10 +114,12 @@ class Session:
         *,
         expires_at: float | None = None,
         trace_parent: Context | None = None,
+        caller: Caller | None = None,
     ) -> None:
         self.sink = sink
         self.trace_parent = trace_parent  # the upgrade's W3C trace: its commands' spans join it (docs/design.md#tracing)
         self.owner = owner
+        self.caller = caller or Caller.of(owner)  # what the tools of its turns know of who calls
         self.backend = backend
         self.metrics = metrics
         self.max_events = limits.send_queue_frames

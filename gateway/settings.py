@@ -49,8 +49,11 @@ class Settings(BaseSettings):
     # (REACTGATE_ALLOWED_ORIGINS=https://app.example,https://admin.example). Without auth only
     # loopback origins are; the console's own origin (Origin == the request's Host) always is.
     allowed_origins: Annotated[tuple[str, ...], NoDecode] = ()
+    # The token claims a tool may read as `ToolContext.caller.claims`, besides tenant and sub
+    # (REACTGATE_TOOL_CLAIMS=roles,org_id). None by default: a tool never sees the token itself.
+    tool_claims: Annotated[tuple[str, ...], NoDecode] = ()
 
-    @field_validator("allowed_origins", mode="before")
+    @field_validator("allowed_origins", "tool_claims", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         if isinstance(value, str):

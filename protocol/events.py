@@ -35,6 +35,7 @@ class EndReason(StrEnum):
     SALVAGED = "salvaged"
     ITERATION_LIMIT = "iteration_limit"
     PROTOCOL_VIOLATION = "protocol_violation"
+    PROVIDER_ERROR = "provider_error"    # the retries were spent and the last round failed at the provider
     CANCELLED = "cancelled"
     ERROR = "error"
 
@@ -98,6 +99,7 @@ class TurnCompleted(EventData, frozen=True):
     used_tools: bool
     finish_ok: bool              # true only for a legal finish (docs/design.md#observe-before-finish)
     partial: bool = False        # salvaged: the answer was cut and could not be continued (#continuation)
+    error: str | None = None     # provider_error: the provider's failure, "kind: message", keys scrubbed
 
 
 # -- tools -------------------------------------------------------------------------------------

@@ -184,14 +184,17 @@ async def local_server(
     policies: Mapping[str, Any] | None = None,
     profile: AgentProfile | None = None,
     others: Sequence[tuple[AgentProfile, Mapping[str, Any]]] = (),
+    scripted: bool = True,
     **settings: Any,
 ) -> AsyncIterator[LocalServer]:
     """The production assembly (`gateway.app.local_backend`) on 127.0.0.1:0: `profile` (default: the
     demo agent) playing `script_data`, with `policies` overridden and `settings` as Settings fields;
-    `others`, more agents served beside it, each playing its script (docs/design.md#several-agents)."""
+    `others`, more agents served beside it, each playing its script (docs/design.md#several-agents).
+    `scripted=False`: the profile calls its own models (a misconfigured one: never a real provider)."""
     registry = demo_registry()
     profile = profile or demo_profile(known_tools=registry)
-    profile = _playing(profile, script_data or weather_then_answer())
+    if scripted:
+        profile = _playing(profile, script_data or weather_then_answer())
     if policies:
         profile = profile.model_copy(update={"policies": profile.policies.model_copy(update=dict(policies))})
     config = Settings(host="127.0.0.1", port=0, backend="local", store=store_url(store_path), **settings)
@@ -220,11 +223,13 @@ class RayHosting:
 
 @contextlib.contextmanager
 def ray_hosting(
-    root: Path, scripts: Mapping[str, Mapping[str, Any]], profiles: Mapping[str, AgentProfile] | None = None,
+    root: Path, scripts: Mapping[str, Mapping[str, Any]], unscripted: Mapping[str, AgentProfile] | None = None,
+    profiles: Mapping[str, AgentProfile] | None = None,
 ) -> Iterator[RayHosting]:
     """`ray.init` (2 CPUs, no dashboard) until the block ends, with one agent per script: the demo
     profile (or the one `profiles` gives) named after the script's key, playing it (the first is the
-    default agent)."""
+    default agent); and each of `unscripted` as it is, calling its own models (a misconfigured one:
+    never a real provider)."""
     import ray
 
     from actors.ray.config import RayConfig
@@ -240,6 +245,7 @@ def ray_hosting(
         files[name] = str(path)  # each Ray host registers it (gateway/app.py's ray_config does the same)
         base = (profiles or {}).get(agent) or demo_profile(known_tools=registry)
         served[agent] = base.model_copy(update={"name": agent}).with_script(name)
+    served.update(unscripted or {})
     config = RayConfig(store_url=store_url(root / "ray.sqlite3"), registry=registry, profiles=served,
                        scripts=files, hosts=2)
     ray.init(num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)

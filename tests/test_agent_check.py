@@ -4,13 +4,22 @@ server (the mcp SDK's MCPServer over stdio), both written into the test's temp d
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextlib
 import json
 import sys
 import textwrap
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from actors.llm.errors import ErrorKind
+from actors.llm.mock_server import start_mock_server
+from actors.llm.scripts import Round, Script
 from gateway.cli import main
 
 TOOLS = '''
@@ -134,6 +143,123 @@ def test_a_broken_profile_names_the_profile_and_the_field_and_exits_2(
     assert f"acme.toml: {field}: " in err and reason in err, err
 
 
+# -- warnings: what would make every call fail, or go out unchecked (exit 0) ------------------------
+
+MODEL_PROFILE = '''
+name = "acme"
+model = "MODEL"
+fallbacks = ["openai/acme-large"]
+
+[model_settings]
+api_base = "API_BASE"
+api_key_env = "REACTGATE_TEST_ACME_KEY"
+SETTING
+
+[fallback_settings."openai/acme-large"]
+api_base = "API_BASE"
+api_key_env = "REACTGATE_TEST_ACME_UNSET_KEY"
+'''
+
+
+def model_profile(tmp_path: Path, model: str = "openai/acme-small", api_base: str = "http://127.0.0.1:9/v1",
+                  setting: str = "temperature = 0.2") -> Path:
+    path = tmp_path / "acme.toml"
+    path.write_text(MODEL_PROFILE.replace("MODEL", model).replace("API_BASE", api_base).replace("SETTING", setting))
+    return path
+
+
+@pytest.fixture(autouse=True)
+def keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REACTGATE_TEST_ACME_KEY", "sk-test-not-a-real-key")
+    monkeypatch.delenv("REACTGATE_TEST_ACME_UNSET_KEY", raising=False)
+
+
+UNSET_KEY_WARNING = (
+    'acme.toml: fallback_settings."openai/acme-large".api_key_env: the variable REACTGATE_TEST_ACME_UNSET_KEY is not '
+    "set here: every call of 'openai/acme-large' fails with auth in a process that does not have it")
+
+
+def test_an_unset_key_variable_is_a_warning_and_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["agent", "check", str(model_profile(tmp_path))]) == 0
+    err = capsys.readouterr().err
+    assert err.splitlines() == [f"{tmp_path / 'acme.toml'}: 1 warning(s)", f"  {UNSET_KEY_WARNING}"]
+
+
+def test_a_model_string_without_a_provider_is_a_warning(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["agent", "check", str(model_profile(tmp_path, model="acme-small"))]) == 0
+    assert ("acme.toml: model: no provider for model 'acme-small': a LiteLLM model string starts with its provider, "
+            "e.g. 'openai/acme-small' for an OpenAI-compatible endpoint") in capsys.readouterr().err
+
+
+def test_a_setting_the_provider_does_not_take_is_a_warning(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["agent", "check", str(model_profile(tmp_path, setting="temprature = 0.2\nmax_tokens = 64"))]) == 0
+    err = capsys.readouterr().err
+    assert ("acme.toml: model_settings.temprature: LiteLLM knows no parameter 'temprature' for provider 'openai' "
+            "(model 'openai/acme-small'): it would be sent to the provider unchecked") in err
+    assert "max_tokens" not in err and "api_base" not in err and "api_key_env: the variable REACTGATE_TEST_ACME_KEY" not in err
+
+
+def test_warnings_are_in_the_json_and_the_report_stays_ok(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["agent", "check", str(model_profile(tmp_path, model="acme-small")), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is True and "probes" not in report
+    assert [w.split(": ")[1] for w in report["warnings"]] == ["model", 'fallback_settings."openai/acme-large".api_key_env']
+    assert main(["agent", "check", str(agent(tmp_path)), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["warnings"] == []
+
+
+# -- --probe: one real call per model, against a loopback mock (never a real provider) --------------
+
+
+@contextlib.contextmanager
+def mock_llm(*rounds: Round) -> Iterator[str]:
+    """`reactgate mock-llm` playing `rounds` on a loopback port, on a loop of its own in a thread (agent
+    check runs its own); its api_base."""
+    loop = asyncio.new_event_loop()
+    started: concurrent.futures.Future[tuple[Any, int]] = concurrent.futures.Future()
+
+    def serve() -> None:
+        asyncio.set_event_loop(loop)
+        runner, port = loop.run_until_complete(start_mock_server(Script(rounds=list(rounds))))
+        started.set_result((runner, port))
+        loop.run_forever()
+        loop.run_until_complete(runner.cleanup())
+        loop.close()
+
+    thread = threading.Thread(target=serve, name="mock-llm", daemon=True)
+    thread.start()
+    _, port = started.result(timeout=20)
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(20)
+
+
+def test_probe_calls_each_model_and_says_what_came_back(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with mock_llm(Round(text="Hello from the loopback mock, played from a script.")) as base:
+        assert main(["agent", "check", str(model_profile(tmp_path, api_base=base)), "--probe"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2:] == [
+        "probe openai/acme-small: ok, it answered 'Hello from the loopback mock, played fro'",
+        "probe openai/acme-large: failed: auth: the variable REACTGATE_TEST_ACME_UNSET_KEY (api_key_env) is not set "
+        "where this model is called",
+    ]
+
+
+def test_probe_reports_the_providers_error_and_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with mock_llm(Round(error=ErrorKind.RATE_LIMIT)) as base:
+        assert main(["agent", "check", str(model_profile(tmp_path, api_base=base)), "--probe", "--json"]) == 1
+    probes = json.loads(capsys.readouterr().out)["probes"]
+    assert probes[0] == {"model": "openai/acme-small", "ok": False, "kind": "rate_limit",
+                         "message": "scripted rate_limit (HTTP 429)"}
+
+
+def test_probe_of_a_model_without_a_provider_sends_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with mock_llm(Round(text="never asked")) as base:
+        assert main(["agent", "check", str(model_profile(tmp_path, model="acme-small", api_base=base)), "--probe"]) == 1
+    assert ("probe acme-small: failed: bad_request: no provider for model 'acme-small': a LiteLLM model string starts "
+            "with its provider, e.g. 'openai/acme-small' for an OpenAI-compatible endpoint") in capsys.readouterr().out
 # -- several profiles (docs/design.md#several-agents) -------------------------------------------------
 
 

@@ -28,7 +28,7 @@ from actors.agent import Agent, load_agent
 from actors.conversation import Runtime
 from actors.hosting.backend import UserMessage
 from actors.hosting.local import LocalBackend
-from actors.identity import Owner
+from actors.identity import Caller, Owner
 from actors.llm.scripts import register_script
 from actors.llm.stream import stream_model
 from actors.ray.backend import RayBackend
@@ -58,12 +58,19 @@ async def lookup_order(order_id: str, ctx: ToolContext) -> dict:
 @tool(trait="exploitation", safety="write", description="Cancel an order.")
 def cancel_order(order_id: str) -> dict:
     return {"cancelled": order_id}
+
+
+@tool(trait="neutral", description="Who is asking.")
+def whoami(ctx: ToolContext) -> dict:
+    caller = ctx.caller
+    return {"caller": None if caller is None else {"tenant": caller.tenant, "sub": caller.sub, "claims": caller.claims},
+            "context": sorted(vars(ctx)) if hasattr(ctx, "__dict__") else sorted(ctx.__dataclass_fields__)}
 '''
 
 NOTES_SERVER = '''
 import os, pathlib, sys
 import anyio
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 
 server = MCPServer("notes")
 NOTES = {"a": "remember the milk"}
@@ -94,6 +101,13 @@ async def slow(seconds: float) -> str:
 def pid() -> int:
     """This server's process id."""
     return os.getpid()
+
+
+@server.tool()
+def whoami(ctx: Context) -> dict:
+    """Who is asking, as the request's _meta says."""
+    meta = ctx.request_context.meta or {}
+    return {"caller": dict(meta).get("reactgate/caller")}
 
 
 if len(sys.argv) > 1:   # the same server over streamable HTTP, on this loopback port
@@ -127,6 +141,8 @@ SCRIPTS: dict[str, list[dict[str, Any]]] = {
     "slow": [_round(action(call("slowpoke.slow", seconds=60))), _complete("Too slow.")],
     # the same server over streamable HTTP, next to a user tool
     "http": [_round(LOOKUP, action(call("web.read_note", key="a"))), _complete("A1 shipped; milk, over HTTP.")],
+    # a user tool and an MCP tool read who is calling (docs/design.md#your-tools)
+    "who": [_round(action(call("acme.whoami")), action(call("notes.whoami"))), _complete("I know who you are.")],
 }
 
 
@@ -146,6 +162,10 @@ def _profile(name: str, tmp: Path, url: str) -> str:
         id = "acme.cancel_order"
         impl = "hosting_tools:cancel_order"
 
+        [[tools]]
+        id = "acme.whoami"
+        impl = "hosting_tools:whoami"
+
         [[mcp_servers]]
         name = "notes"
         command = [{json.dumps(sys.executable)}, "notes_server.py"]
@@ -155,6 +175,7 @@ def _profile(name: str, tmp: Path, url: str) -> str:
         write_note = {{ trait = "exploitation", safety = "write" }}
         slow = {{ trait = "neutral" }}
         pid = {{ trait = "neutral" }}
+        whoami = {{ trait = "neutral" }}
 
         [[mcp_servers]]
         name = "slowpoke"
@@ -221,9 +242,9 @@ async def backend(request: pytest.FixtureRequest, agents: dict[str, Any]) -> Asy
     await b.stop()
 
 
-async def _turn(backend: Any, cid: str, text: str, events: list[Event], turns: int) -> None:
+async def _turn(backend: Any, cid: str, text: str, events: list[Event], turns: int, caller: Caller | None = None) -> None:
     """Send `text`, then collect every event until the conversation has `turns` completed turns."""
-    assert await backend.command(OWNER, cid, UserMessage(f"{cid}-{turns}", text)) == "accepted"
+    assert await backend.command(OWNER, cid, UserMessage(f"{cid}-{turns}", text, caller=caller)) == "accepted"
 
     async def collect() -> None:
         async for batch in backend.subscribe(OWNER, cid, events[-1].seq if events else 0):
@@ -323,3 +344,58 @@ async def _poll_until(step: Callable[[], Awaitable[None]], done: Callable[[], bo
     while not done():
         await step()
         await asyncio.sleep(0.02)
+
+
+async def test_a_user_tool_and_an_mcp_tool_know_who_calls_and_never_see_the_token(backend: Any) -> None:
+    caller = Caller("acme", "alice", {"roles": ["buyer"]})
+    cid = (await backend.open(OWNER, None, "who", None)).conversation_id
+    events: list[Event] = []
+    await _turn(backend, cid, "Who am I?", events, 1, caller=caller)
+    results = {r.tool_id: r.result for r in _named(events, "tool.result")}
+    expected = {"tenant": "acme", "sub": "alice", "claims": {"roles": ["buyer"]}}
+    assert results["acme.whoami"]["caller"] == expected
+    assert results["notes.whoami"]["caller"] == expected          # in the MCP request's _meta
+    assert not any("token" in field for field in results["acme.whoami"]["context"])
+
+
+async def test_tools_read_the_tenant_sub_and_named_claims_of_the_token_over_a_real_gateway(backend: Any) -> None:
+    """From the WebSocket's token to the tool: REACTGATE_TOOL_CLAIMS names what passes; the rest
+    of the token, and the token itself, never reach a tool."""
+    from gateway.server import GatewayServer
+    from gateway.settings import Settings
+    from tests.e2e import token
+    from tests.kit import client
+
+    secret = "caller-test-secret-for-hs256-32bytes!"
+    settings = Settings(host="127.0.0.1", port=0, backend="local", auth_secret=secret, tool_claims=("roles",))
+    server = GatewayServer(settings, _Unstopped(backend))
+    host, port = await server.start()
+    try:
+        jwt_token = token("alice", tenant="acme", secret=secret, roles=["buyer"], email="alice@acme.example")
+        async with client(f"ws://{host}:{port}/ws", bearer=jwt_token) as c:
+            cid = await c.open(agent="who")
+            await c.subscribe(cid)
+            await c.say(cid, "Who am I?", id="m1")
+            await c.turn_completed(cid)
+            results = {e["data"]["tool_id"]: e["data"]["result"] for e in c.events[cid] if e["event"] == "tool.result"}
+    finally:
+        await server.drain()
+    expected = {"tenant": "acme", "sub": "alice", "claims": {"roles": ["buyer"]}}
+    assert results["acme.whoami"]["caller"] == results["notes.whoami"]["caller"] == expected
+    assert jwt_token not in json.dumps(results) and "alice@acme.example" not in json.dumps(results)
+
+
+class _Unstopped:
+    """The fixture's backend behind a gateway that must not stop it (the fixture does)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)

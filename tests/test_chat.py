@@ -14,8 +14,10 @@ import contextlib
 import json
 import os
 import random
+import signal
 import sqlite3
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -36,9 +38,11 @@ from client.chat import (
     Step,
     Transcript,
     render_all,
+    turn_exit_code,
     write_export,
 )
 from client.connection import Backoff, ConnectionLost
+from client.resume import LastConversations, come_back, state_path
 from client.session import ClientSession, Send
 from gateway.app import build_backend
 from gateway.server import GatewayServer
@@ -457,6 +461,69 @@ def test_message_mode_is_done_when_its_own_turn_completes() -> None:
     assert receive(chat, *mine)[1].done
 
 
+def test_a_provider_error_turn_shows_the_message_and_the_cause() -> None:
+    chat, _ = ready_chat()
+    cause = "auth: the variable ACME_LLM_KEY (api_key_env) is not set where this model is called"
+    _, step = receive(
+        chat,
+        event(1, TurnStarted(turn_id="t1", user_message_id="m")),
+        event(2, TurnCompleted(turn_id="t1", reason=EndReason.PROVIDER_ERROR, final_answer="Sorry — the provider.",
+                               used_tools=False, finish_ok=False, error=cause)),
+    )
+    assert render_all(step.shown) == f"Sorry — the provider.\n! turn t1 provider_error ({cause}), no tools used, finish not ok\n"
+
+
+@pytest.mark.parametrize(("reason", "partial", "code"), [
+    (EndReason.COMPLETE, False, 0),
+    (EndReason.EXIT, False, 0),
+    (EndReason.SALVAGED, False, 0),
+    (EndReason.SALVAGED, True, 1),            # cut short: not an answer
+    (EndReason.PROVIDER_ERROR, False, 1),
+    (EndReason.PROTOCOL_VIOLATION, False, 1),
+    (EndReason.ITERATION_LIMIT, False, 1),
+    (EndReason.ERROR, False, 1),
+    (EndReason.CANCELLED, False, 1),
+])
+def test_message_mode_exits_0_only_when_its_turn_gave_an_answer(reason: EndReason, partial: bool, code: int) -> None:
+    chat = new_chat()
+    chat.send_message("weather?", await_turn=True)
+    receive(chat, ack(connect(chat).id, conversation_id=CID, last_seq=0))
+    done = TurnCompleted(turn_id="t1", reason=reason, final_answer="x", used_tools=True, finish_ok=False, partial=partial)
+    assert receive(chat, event(1, TurnStarted(turn_id="t1", user_message_id="id1")), event(2, done))[1].done
+    assert chat.awaited_end == done and turn_exit_code(done) == code
+
+
+# -- --resume: the last conversation per server URL ----------------------------------------------
+
+
+def test_the_state_file_is_in_the_users_cache_unless_the_variable_names_one(tmp_path: Path) -> None:
+    assert state_path({"REACTGATE_CHAT_STATE": str(tmp_path / "s.json"), "HOME": "/h"}) == tmp_path / "s.json"
+    assert state_path({"XDG_CACHE_HOME": "/c", "HOME": "/h"}) == Path("/c/reactgate/chat.json")
+    assert state_path({"HOME": "/h"}) == Path("/h/.cache/reactgate/chat.json")
+
+
+def test_the_last_conversation_is_remembered_per_url_and_forgotten_once_deleted(tmp_path: Path) -> None:
+    last = LastConversations(tmp_path / "dir" / "chat.json")
+    assert last.get("ws://a/ws") is None                     # no file yet
+    last.remember("ws://a/ws", "c_1")
+    last.remember("ws://b/ws", "c_2")
+    last.remember("ws://a/ws", "c_3")
+    assert (last.get("ws://a/ws"), last.get("ws://b/ws")) == ("c_3", "c_2")
+    last.forget("ws://a/ws", "c_1")                          # not the one remembered: kept
+    last.forget("ws://b/ws", "c_2")
+    assert (last.get("ws://a/ws"), last.get("ws://b/ws")) == ("c_3", None)
+    (tmp_path / "dir" / "chat.json").write_text("{not json")
+    assert last.get("ws://a/ws") is None                     # a broken file is no shortcut, not a crash
+
+
+def test_ctrl_c_says_how_to_come_back() -> None:
+    assert come_back("ws://127.0.0.1:8765/ws", "c_X", "ws://127.0.0.1:8765/ws") == (
+        "to come back to this conversation: reactgate chat --resume (or reactgate chat --conversation c_X)")
+    assert come_back("ws://h:1/ws", "c_X", "ws://127.0.0.1:8765/ws") == (
+        "to come back to this conversation: reactgate chat --resume --url ws://h:1/ws "
+        "(or reactgate chat --url ws://h:1/ws --conversation c_X)")
+
+
 # -- ask_user and commands at the prompt ---------------------------------------------------------
 
 ASK = AskUser(turn_id="t1", ask_id="t1.1.0", question="Which city?", options=["Paris", "Oslo"], timeout_s=300)
@@ -647,7 +714,10 @@ def chat_command() -> list[str]:
 
 def chat_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "REACTGATE_TOKEN")}
-    return env | {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "NO_COLOR": "1", "TERM": "dumb"}
+    # --resume's state file: never the user's own (a test that reads it passes its own).
+    state = Path(tempfile.gettempdir()) / f"reactgate-chat-test-{os.getpid()}.json"
+    return env | {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "NO_COLOR": "1", "TERM": "dumb",
+                  "REACTGATE_CHAT_STATE": str(state)}
 
 
 class SharedBackend:
@@ -873,3 +943,79 @@ async def test_chat_exports_the_conversation_to_a_file_then_deletes_it(tmp_path:
     with sqlite3.connect(tmp_path / "chat.sqlite3") as db:
         assert db.execute("SELECT count(*) FROM events WHERE conversation_id = ?", (cid,)).fetchone() == (0,)
         assert db.execute("SELECT count(*) FROM tombstones WHERE conversation_id = ?", (cid,)).fetchone() == (1,)
+
+
+FAILING_AGENT = """
+name = "acme"
+model = "openai/acme-small"
+[model_settings]
+api_base = "http://127.0.0.1:9/v1"
+api_key_env = "REACTGATE_TEST_CHAT_UNSET_KEY"
+[policies]
+max_protocol_retries = 1
+"""
+
+
+@pytest.mark.slow
+async def test_chat_message_exits_1_naming_the_cause_when_the_provider_fails(tmp_path: Path) -> None:
+    profile = tmp_path / "acme.toml"
+    profile.write_text(FAILING_AGENT)
+    backend = build_backend(Settings(backend="local", port=0, store=f"sqlite:///{tmp_path}/chat.sqlite3", agent=profile))
+    async with gateway(backend) as (_, port), chat("--message", "hi", "--url", f"ws://127.0.0.1:{port}/ws") as run:
+        assert await run.exit_code(120) == 1, run.stderr
+    cause = "auth: the variable REACTGATE_TEST_CHAT_UNSET_KEY (api_key_env) is not set where this model is called"
+    assert ("notice provider_error: the model provider failed (auth) for model 'openai/acme-small': the variable "
+            "REACTGATE_TEST_CHAT_UNSET_KEY (api_key_env) is not set where this model is called. This is not your "
+            "mistake.") in run.stdout
+    assert "Sorry — the model provider failed, so I have no answer this time. Please try again later." in run.stdout
+    assert f"! turn t1 provider_error ({cause}), no tools used, finish not ok" in run.stdout
+
+
+@pytest.mark.slow
+async def test_chat_resume_continues_the_last_conversation_on_that_url(tmp_path: Path) -> None:
+    state = {"REACTGATE_CHAT_STATE": str(tmp_path / "state" / "chat.json")}
+    async with gateway(local_backend(tmp_path)) as (_, port):
+        url = f"ws://127.0.0.1:{port}/ws"
+        async with chat("--message", "weather in Paris?", "--url", url, env=state) as first:
+            assert await first.exit_code(120) == 0, first.stderr
+        cid = first.stdout.split("conversation ", 1)[1].split()[0]
+        async with chat("--resume", "--message", "and in Oslo?", "--url", url, env=state) as again:
+            assert await again.exit_code(120) == 0, again.stderr
+        async with chat("--resume", "--message", "hi", "--url", f"ws://localhost:{port}/ws", env=state) as elsewhere:
+            assert await elsewhere.exit_code() == 2
+    assert again.stdout.startswith(f"conversation {cid}")
+    assert "✓ turn t1 complete" in again.stdout and "✓ turn t2 complete" in again.stdout  # replayed, then the new turn
+    assert f"no conversation to resume on ws://localhost:{port}/ws" in elsewhere.stderr
+
+
+@pytest.mark.slow
+async def test_ctrl_c_prints_how_to_come_back(tmp_path: Path) -> None:
+    async with gateway(local_backend(tmp_path)) as (_, port), chat(
+        "--url", f"ws://127.0.0.1:{port}/ws", stdin=True
+    ) as run:
+        await run.wait_for_output("conversation c_")
+        run.proc.send_signal(signal.SIGINT)
+        assert await run.exit_code() == 130, run.stderr
+    cid = run.stdout.split("conversation ", 1)[1].split()[0]
+    assert (f"to come back to this conversation: reactgate chat --resume --url ws://127.0.0.1:{port}/ws "
+            f"(or reactgate chat --url ws://127.0.0.1:{port}/ws --conversation {cid})") in run.stderr
+
+
+@pytest.mark.slow
+async def test_a_chat_killed_mid_answer_and_started_again_with_resume_shows_the_whole_answer_once(tmp_path: Path) -> None:
+    """README.md's tour: kill the chat client mid-answer, start it again (`--resume`): the conversation
+    is replayed and the answer goes on, each character once."""
+    state = {"REACTGATE_CHAT_STATE": str(tmp_path / "chat.json")}
+    async with gateway(local_backend(tmp_path)) as (_, port):
+        url = f"ws://127.0.0.1:{port}/ws"
+        async with chat("--message", "weather in Paris?", "--url", url, env=state) as killed:
+            await killed.wait_for_output("It is", timeout=120)     # the answer is streaming
+            killed.proc.kill()
+            await killed.exit_code()
+        async with chat("--resume", "--url", url, env=state, stdin=True) as again:
+            await again.wait_for_output("✓ turn t1 complete", timeout=120)
+            await again.type("/quit")
+            assert await again.exit_code() == 0, again.stderr
+    cid = killed.stdout.split("conversation ", 1)[1].split()[0]
+    assert f"\nconversation {cid}\n" in again.stdout                  # after the interactive help line
+    assert [line for line in again.stdout.splitlines() if line.startswith("It is")] == [DEMO_ANSWER]

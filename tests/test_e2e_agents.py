@@ -72,7 +72,7 @@ def demo() -> AgentProfile:
 @pytest.fixture(scope="module")
 def hosting(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayHosting]:
     with ray_hosting(tmp_path_factory.mktemp("ray"), {"demo": DEMO_SCRIPT, "second": SECOND_SCRIPT},
-                     {"second": second_profile()}) as hosting:
+                     profiles={"second": second_profile()}) as hosting:
         yield hosting
 
 

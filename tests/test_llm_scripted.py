@@ -7,6 +7,7 @@ Provider tests go through `litellm.acompletion(stream=True)` — the real LiteLL
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,16 @@ from actors.llm.scripts import (
     parse_script,
     register_script,
     round_to_play,
+)
+from protocol.deltas import (
+    ModelDelta,
+    ModelOutput,
+    ReasoningDelta,
+    ReasoningSignature,
+    RedactedReasoning,
+    ToolCallArgs,
+    ToolCallEnd,
+    ToolCallStart,
 )
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -115,7 +126,7 @@ def test_round_defaults() -> None:
     ("round_", "needle"),
     [
         ({"deltas": ["a"], "text": "a"}, "either `deltas` or `text`"),
-        ({}, "needs `deltas`, `text` or `error`"),
+        ({}, "needs `deltas`, `text`, `native` or `error`"),
         ({"deltas": ["a"], "chunk_chars": 2}, "`chunk_chars` applies only to `text`"),
         ({"text": "a", "chunk_chars": 0}, "rounds.0.chunk_chars"),
         ({"text": "a", "delay_ms": -1}, "rounds.0.delay_ms"),
@@ -186,6 +197,189 @@ def test_demo_script_speaks_the_decision_protocol() -> None:
     assert actions[1].final_answer.count(".") >= 2  # a couple of sentences, so streaming is visible
 
 
+# -- native rounds (docs/design.md#native) -------------------------------------------------------
+
+WEATHER = {"native": [{"reasoning": "Rain?", "signature": "sig-1"}, {"redacted": "opaque"},
+                      {"text": "Let me check."},
+                      {"call": {"name": "demo_weather", "arguments": {"city": "Paris"}, "id": "call_1"}, "split": [5, 12]}],
+           "chunk_chars": 4, "delay_ms": 20}
+
+
+def test_a_native_round_streams_its_parts_as_typed_deltas_each_call_ended_before_the_finish() -> None:
+    r = parse_script({"rounds": [WEATHER]}).rounds[0]
+    assert r.stream == (
+        ReasoningDelta("Rain"), ReasoningDelta("?"), ReasoningSignature("sig-1"), RedactedReasoning("opaque"),
+        ModelDelta("Let "), ModelDelta("me c"), ModelDelta("heck"), ModelDelta("."),
+        ToolCallStart(0, "call_1", "demo_weather"),
+        ToolCallArgs(0, '{"cit'), ToolCallArgs(0, 'y": "Pa'), ToolCallArgs(0, 'ris"}'), ToolCallEnd(0),
+    )
+    assert (r.finish_reason, r.chunks) == ("tool_calls", ("Let ", "me c", "heck", "."))
+
+
+def test_call_arguments_are_serialized_or_sent_raw_and_cut_into_chunk_chars_pieces_without_split() -> None:
+    r = Round.model_validate({"native": [{"call": {"name": "a", "arguments": {"q": "é"}}},
+                                         {"call": {"name": "b", "arguments": '{"not json'}}], "chunk_chars": 5})
+    assert r.stream == (ToolCallStart(0, "call_0", "a"), ToolCallArgs(0, '{"q":'), ToolCallArgs(0, ' "é"}'),
+                        ToolCallEnd(0), ToolCallStart(1, "call_1", "b"), ToolCallArgs(1, '{"not'),
+                        ToolCallArgs(1, " json"), ToolCallEnd(1))
+
+
+@pytest.mark.parametrize(("parts", "finish"), [
+    ([{"text": "It rains."}], "stop"),
+    ([{"reasoning": "hm"}, {"call": {"name": "a"}}], "tool_calls"),
+])
+def test_a_native_round_finishes_with_tool_calls_when_its_message_calls_else_with_stop(
+        parts: list[dict[str, Any]], finish: str) -> None:
+    assert Round.model_validate({"native": parts}).finish_reason == finish
+    assert Round.model_validate({"native": parts, "finish_reason": "length"}).finish_reason == "length"
+
+
+def test_a_native_round_that_fails_leaves_its_last_call_open() -> None:
+    r = Round.model_validate({"native": [{"call": {"name": "a"}}, {"call": {"name": "b", "arguments": "{"}}],
+                              "error": "server_error"})
+    assert r.stream == (ToolCallStart(0, "call_0", "a"), ToolCallArgs(0, "{}"), ToolCallEnd(0),
+                        ToolCallStart(1, "call_1", "b"), ToolCallArgs(1, "{"))   # cut mid-call
+
+
+async def test_hang_after_counts_a_native_rounds_deltas() -> None:
+    import asyncio
+
+    r = Round.model_validate({"native": [{"call": {"name": "a", "arguments": "{}"}, "split": [1]}], "hang_after": 2})
+    got: list[ModelOutput] = []
+
+    async def read() -> None:
+        async for delta in scripts.play(r, read_timeout_s=None):
+            got.append(delta)
+
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(read(), 0.2)
+    assert got == [ToolCallStart(0, "call_0", "a"), ToolCallArgs(0, "{")]   # silent in the middle of the arguments
+
+
+@pytest.mark.parametrize(
+    ("round_", "needle"),
+    [
+        ({"native": []}, "rounds.0.native: "),
+        ({"native": [{"thought": "x"}]}, "rounds.0.native.0: a native part has one of the keys"),
+        ({"native": [{"call": {"arguments": {}}}]}, "rounds.0.native.0.call.call.name: Field required"),
+        ({"native": [{"call": {"name": "a", "arguments": "abc"}, "split": [3]}]}, "rounds.0.native.0.call: "),
+        ({"native": [{"call": {"name": "a", "arguments": "abcd"}, "split": [2, 1]}]}, "`split` points must increase"),
+        ({"native": [{"text": "a", "colour": "red"}]}, "rounds.0.native.0.text.colour"),
+        ({"native": [{"reasoning": "a", "signature": ""}]}, "rounds.0.native.0.reasoning.signature"),
+        ({"native": [{"text": "a"}], "text": "a"}, "either `text` or `native`"),
+        ({"native": [{"text": "a"}], "finish_reason": "tool_calls"}, "`tool_calls` needs a native round"),
+        ({"text": "a", "finish_reason": "tool_calls"}, "`tool_calls` needs a native round"),
+        ({"native": [{"text": "a"}], "finish_reason": "content_filter"}, "finishes with `stop`, `length` or"),
+        ({"native": [{"call": {"name": "a", "id": "call_1"}}, {"call": {"name": "b"}}]}, "call ids must differ"),
+    ],
+)
+def test_invalid_native_round_is_rejected_naming_the_field(round_: dict[str, Any], needle: str) -> None:
+    with pytest.raises(ScriptError) as err:
+        parse_script({"rounds": [round_]}, source="s.json")
+    assert needle in str(err.value)
+
+
+def ask_to_go_on(so_far: Any, *, prefill: bool) -> list[dict[str, Any]]:
+    asked: list[dict[str, Any]] = [{"role": "user", "content": "x"}, {"role": "assistant", "content": so_far}]
+    return asked if prefill else [*asked, {"role": "user", "content": "[continue] go on"}]
+
+
+@pytest.mark.parametrize("prefill", [True, False])
+def test_a_native_round_is_continued_from_where_its_answer_stopped(prefill: bool) -> None:
+    answer = Round.model_validate({"native": [{"reasoning": "ok"}, {"text": "It rains in Paris. Take care."}],
+                                   "chunk_chars": 3, "delay_ms": 5, "finish_reason": "length"})
+    script = Script(rounds=[Round(native=[{"call": {"name": "a"}}]), answer], loop=True, continues=True)
+    so_far = "It rains in" if prefill else "It rains in "   # a prefill leaves its trailing whitespace off
+    rest = script.answer(2, ask_to_go_on(so_far, prefill=prefill))
+    assert rest.stream == (ModelDelta(" Pa") if prefill else ModelDelta("Par"), *rest.stream[1:])
+    assert "".join(rest.chunks) == "It rains in Paris. Take care."[len(so_far):]
+    assert (rest.chunk_chars, rest.delay_ms, rest.finish_reason) == (3, 5, "length")
+
+
+def test_a_native_continuation_reads_anthropic_blocks_and_goes_on_after_the_last_call() -> None:
+    said = Round.model_validate({"native": [{"call": {"name": "a"}}, {"text": "Done: 42."}]})
+    script = Script(rounds=[said], loop=True, continues=True)
+    rest = script.answer(1, ask_to_go_on([{"type": "text", "text": "Done:"}], prefill=True))
+    assert rest.chunks == (" 42.",) and rest.finish_reason == "stop"   # the calls came before the cut
+    assert script.answer(1, ask_to_go_on("Something else", prefill=True)) == said   # nothing continues it: by index
+
+
+def test_a_script_that_does_not_continue_plays_its_round_when_sent_a_prefill() -> None:
+    script = Script(rounds=[Round(native=[{"text": "It rains."}]), Round(text="again")])
+    assert script.answer(1, ask_to_go_on("It", prefill=True)) == script.rounds[1]
+
+
+def test_builtin_demo_native_script_is_the_demo_in_native_calls() -> None:
+    """The same call (demo_weather for Paris, arguments in fragments, after a preamble) and the same
+    answer as the channel demo — read by the project's own native decoder."""
+    from protocol.actions import CallTool, Finish
+    from protocol.channels import ActionClosed, BlockText, Channel
+    from protocol.native import NativeDecoder
+
+    demo, native = get_script("demo"), get_script("demo_native")
+    assert (native.loop, native.continues) == (demo.loop, demo.continues)
+    actions, thinking = [], []
+    for round_ in native.rounds:
+        decoder = NativeDecoder({"demo_weather": "demo.weather"}, hold_chars=120)
+        events = [e for d in round_.stream for e in decoder.feed(d)] + decoder.finish()
+        thinking += [e.text for e in events if isinstance(e, BlockText) and e.channel is Channel.THINKING]
+        actions += [e.action for e in events if isinstance(e, ActionClosed)]
+    call, answer = actions
+    assert call == CallTool(tool_id="demo.weather", params={"city": "Paris"})
+    assert sum(type(d) is ToolCallArgs for d in native.rounds[0].stream) > 1   # arguments in fragments
+    assert thinking == ["Let me check the weather in Paris."]                   # the preamble
+    assert isinstance(answer, Finish) and answer.type == "complete"
+    channel_answer = json.loads(demo.rounds[1].text.split("```json\n")[1].split("\n```")[0])["final_answer"]  # type: ignore[union-attr]
+    assert answer.final_answer == channel_answer
+
+
+# -- by_message: one script, a behaviour per conversation ------------------------------------------
+
+BY_MESSAGE = {"by_message": {"weather": {"rounds": [{"text": "W"}]}, "budget": {"rounds": [{"text": "B"}]},
+                             "weather budget": {"rounds": [{"text": "never: an earlier key matches first"}]}},
+              "default": {"rounds": [{"text": "D"}], "loop": True}}
+
+
+@pytest.mark.parametrize(("first", "played"), [
+    ("What is the Weather in Paris?", "W"),
+    ("my budget please", "B"),
+    ("weather budget", "W"),          # the first key that matches wins
+    ("hello", "D"),
+])
+def test_by_message_picks_the_sub_script_by_the_first_user_message(first: str, played: str) -> None:
+    script = parse_script(BY_MESSAGE)
+    later = [{"role": "system", "content": "s"}, {"role": "user", "content": first},
+             {"role": "assistant", "content": "…"}, {"role": "user", "content": "budget"}]
+    assert script.answer(0, later).text == played
+
+
+def test_by_message_reads_anthropic_content_blocks() -> None:
+    script = parse_script(BY_MESSAGE)
+    assert script.answer(0, [{"role": "user", "content": [{"type": "text", "text": "a budget"}]}]).text == "B"
+
+
+def test_by_message_without_a_match_or_default_is_a_bad_request() -> None:
+    register_script("t-by", parse_script({"by_message": {"weather": {"rounds": [{"text": "W"}]}}}))
+    assert round_to_play("t-by", 0, [{"role": "user", "content": "weather?"}]).text == "W"
+    with pytest.raises(RoundFailed) as err:
+        round_to_play("t-by", 0, [{"role": "user", "content": "hello"}])
+    assert err.value.kind == "bad_request" and "no sub-script" in err.value.message
+
+
+@pytest.mark.parametrize(("script", "needle"), [
+    ({"by_message": {"w": {"rounds": [{"text": "x"}]}}, "rounds": [{"text": "x"}]}, "no `rounds`, `loop` or"),
+    ({"by_message": {"w": {"rounds": [{"text": "x"}]}}, "loop": True}, "no `rounds`, `loop` or"),
+    ({"by_message": {"w": {"by_message": {"v": {"rounds": [{"text": "x"}]}}}}}, "no sub-scripts of its own"),
+    ({"by_message": {}}, "by_message: "),
+    ({"by_message": {"w": {"rounds": [{"txt": "x"}]}}}, "by_message.w.rounds.0.txt"),
+    ({"rounds": [{"text": "x"}], "default": {"rounds": [{"text": "x"}]}}, "`default` applies only to `by_message`"),
+    ({"loop": True}, "needs `rounds` or `by_message`"),
+])
+def test_invalid_by_message_script_is_rejected_naming_the_field(script: dict[str, Any], needle: str) -> None:
+    with pytest.raises(ScriptError, match=re.escape(needle)):
+        parse_script(script)
+
+
 # -- playback, shared by both in-process players ------------------------------------------------
 
 
@@ -201,11 +395,11 @@ def test_a_round_to_play_fails_as_a_provider_would() -> None:
 
 
 async def test_play_streams_the_chunks_then_the_error() -> None:
-    got: list[str] = []
+    got: list[ModelOutput] = []
     with pytest.raises(RoundFailed) as err:
-        async for text in scripts.play(Round(deltas=["a", "", "b"], error=ErrorKind.RATE_LIMIT), read_timeout_s=None):
-            got.append(text)
-    assert got == ["a", "", "b"]  # empty deltas too: skipping them is the reader's business
+        async for delta in scripts.play(Round(deltas=["a", "", "b"], error=ErrorKind.RATE_LIMIT), read_timeout_s=None):
+            got.append(delta)
+    assert got == [ModelDelta("a"), ModelDelta(""), ModelDelta("b")]  # empty deltas too: skipping them is the reader's business
     assert (err.value.kind, err.value.message) == ("rate_limit", "scripted rate_limit")
 
 
@@ -214,7 +408,7 @@ async def test_a_hang_before_the_first_delta_is_not_cut_by_the_idle_timeout() ->
 
     playing = open_playbacks()
     texts = scripts.play(Round(deltas=["", "b"], hang_after=1), read_timeout_s=None, idle_timeout_s=0.01)
-    assert await anext(texts) == ""
+    assert await anext(texts) == ModelDelta("")
     waiting = asyncio.ensure_future(anext(texts))
     done, _ = await asyncio.wait([waiting], timeout=0.2)
     assert not done  # nothing shown yet: only the read timeout, a cancel or the process's end stop it
@@ -334,6 +528,42 @@ async def test_non_streaming_completion_joins_the_round(litellm: Any) -> None:
     response = await litellm.acompletion(model=model, messages=MESSAGES, extra_headers=headers(0))
     assert response.choices[0].message.content == "Hello there"
     assert response.choices[0].finish_reason == "length"
+
+
+async def test_provider_streams_a_native_round_in_litellms_own_shapes(litellm: Any) -> None:
+    model = register_script("t-native", parse_script({"rounds": [WEATHER]}))
+    stream = await litellm.acompletion(model=model, messages=MESSAGES, stream=True, extra_headers=headers(0))
+    seen: list[tuple[str, Any]] = []
+    finish = None
+    async for chunk in stream:
+        choice = chunk.choices[0]
+        delta = choice.delta
+        if delta.content:
+            seen.append(("content", delta.content))
+        if getattr(delta, "reasoning_content", None):
+            seen.append(("reasoning", delta.reasoning_content))
+        for block in getattr(delta, "thinking_blocks", None) or ():
+            seen.append(("block", {k: v for k, v in block.items() if k != "index"}))
+        for call in delta.tool_calls or ():
+            seen.append(("call", (call.index, call.id, call.function.name, call.function.arguments)))
+        finish = choice.finish_reason or finish
+    assert seen == [
+        ("reasoning", "Rain"), ("reasoning", "?"),
+        ("block", {"type": "thinking", "thinking": "", "signature": "sig-1"}),   # as LiteLLM's Anthropic provider
+        ("block", {"type": "redacted_thinking", "data": "opaque"}),
+        ("content", "Let "), ("content", "me c"), ("content", "heck"), ("content", "."),
+        ("call", (0, "call_1", "demo_weather", "")),                              # id and name first
+        ("call", (0, None, None, '{"cit')), ("call", (0, None, None, 'y": "Pa')), ("call", (0, None, None, 'ris"}')),
+    ]
+    assert finish == "tool_calls"
+
+
+async def test_non_streaming_completion_carries_a_native_rounds_calls(litellm: Any) -> None:
+    model = register_script("t-native-whole", parse_script({"rounds": [WEATHER]}))
+    message = (await litellm.acompletion(model=model, messages=MESSAGES, extra_headers=headers(0))).choices[0].message
+    assert (message.content, message.reasoning_content) == ("Let me check.", "Rain?")
+    assert [(c.id, c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls] == [
+        ("call_1", "demo_weather", {"city": "Paris"})]
 
 
 def test_ensure_registered_is_idempotent(litellm: Any) -> None:

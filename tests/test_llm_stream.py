@@ -13,14 +13,14 @@ from contextlib import aclosing
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from actors.llm.call import ModelCall
 from actors.llm.direct_player import plays_directly
 from actors.llm.errors import ErrorKind, Usage
 from actors.llm.lite import LEAN_SETTINGS, litellm_module
-from actors.llm.scripts import Round, RoundUsage, Script, open_playbacks, register_script
+from actors.llm.scripts import Round, RoundUsage, Script, open_playbacks, parse_script, register_script
 from actors.llm.stream import (
     ModelDelta,
     ModelFallback,
@@ -29,6 +29,7 @@ from actors.llm.stream import (
     StreamItem,
     stream_model,
 )
+from protocol.deltas import ModelOutput, ReasoningSignature, ToolCallArgs, ToolCallEnd, ToolCallStart
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -345,3 +346,105 @@ async def test_a_key_variable_that_is_not_set_is_auth_on_both_readers() -> None:
     direct, lite = await both([model], own={"api_key_env": "REACTGATE_TEST_UNSET_KEY_VARIABLE"})
     assert direct == lite
     assert direct[1] is not None and direct[1][0] == "auth" and "REACTGATE_TEST_UNSET_KEY_VARIABLE" in direct[1][1]
+
+
+# -- native rounds (docs/design.md#native), side by side ----------------------------------------------
+#
+# What LiteLLM's custom-provider path cannot carry (actors/llm/scripted.py): a call's end — an
+# OpenAI-shaped chunk has no field for it, so a reader ends a call at the next call or the finish.
+# The generated messages put reasoning first, then content, then calls, as models write them: a
+# call's end is then always followed by the next call or the finish, where a reader can place it.
+
+reasoning_part = st.builds(lambda text, signature: {"reasoning": text, **({"signature": signature} if signature else {})},
+                           st.text(max_size=12), st.none() | st.text(min_size=1, max_size=6))
+redacted_part = st.builds(lambda data: {"redacted": data}, st.text(min_size=1, max_size=8))
+call_part = st.builds(
+    lambda name, arguments: {"call": {"name": name, "arguments": arguments}},
+    st.sampled_from(["demo_weather", "demo_clock", "invented-one"]),
+    st.dictionaries(st.text(max_size=4), st.integers() | st.text(max_size=4), max_size=2) | st.text(max_size=10),
+)
+native_message = st.builds(lambda thoughts, text, calls: [*thoughts, *text, *calls],
+                           st.lists(reasoning_part | redacted_part, max_size=3),
+                           st.lists(st.builds(lambda t: {"text": t}, st.text(max_size=20)), max_size=1),
+                           st.lists(call_part, max_size=3)).filter(bool)
+native_round = st.builds(
+    lambda parts, n, length, error: {"native": parts, "chunk_chars": n, **({"finish_reason": "length"} if length else {}),
+                                     **({"error": error} if error else {})},
+    native_message, st.integers(1, 7), st.booleans(), st.none() | st.sampled_from([k.value for k in ErrorKind]),
+)
+
+
+def shown(round_: Round) -> list[ModelOutput]:
+    """The deltas a caller sees of a round: its stream without the empty chunks that only pace it."""
+    return [d for d in round_.stream if not isinstance(d, ModelDelta) or d.text]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=native_round, include_usage=st.booleans())
+async def test_the_direct_player_yields_a_native_rounds_stream_then_its_finish(
+        data: dict[str, Any], include_usage: bool) -> None:
+    model = register_script("s-native-direct", parse_script({"rounds": [data]}))
+    round_ = Round.model_validate(data)
+    items, seen = await outcome([model], "direct", include_usage=include_usage)
+    if round_.error is not None:
+        assert items == shown(round_)
+        assert seen == (round_.error.value, f"scripted {round_.error.value}", bool(items))
+        return
+    assert seen is None and items[:-1] == shown(round_)
+    finished = items[-1]
+    assert isinstance(finished, ModelFinished) and finished.finish_reason == round_.finish_reason
+    assert (finished.usage is not None) is include_usage
+    assert all(any(isinstance(d, ToolCallEnd) and d.index == s.index for d in items)
+               for s in items if isinstance(s, ToolCallStart))   # every started call ended before the finish
+
+
+# Until then, shrinking the expected failure would cost a minute: remove the `phases` with the mark.
+@pytest.mark.xfail(strict=True, reason="LiteLLM's reader reads native streams on i19-readers (issue 19); "
+                                       "remove this mark when it lands")
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture],
+          phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@given(data=native_round, include_usage=st.booleans(), question=st.text(max_size=30))
+async def test_the_direct_player_streams_what_litellm_streams_for_native_rounds(
+        data: dict[str, Any], include_usage: bool, question: str) -> None:
+    model = register_script("s-native-same-as-litellm", parse_script({"rounds": [data]}))
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": question}]
+    direct, lite = await both([model], messages, include_usage=include_usage)
+    assert direct == lite
+
+
+async def test_a_native_round_failing_mid_call_is_an_error_after_the_first_delta_with_the_call_open() -> None:
+    model = register_script("s-native-cut", parse_script({"rounds": [
+        {"native": [{"call": {"name": "demo_weather", "arguments": {"city": "Paris"}}, "split": [4]}],
+         "error": "server_error"}]}))
+    items, seen = await outcome([model], "direct")
+    assert items == [ToolCallStart(0, "call_0", "demo_weather"), ToolCallArgs(0, '{"ci'),
+                     ToolCallArgs(0, 'ty": "Paris"}')]   # no ToolCallEnd: the provider failed inside the call
+    assert seen == ("server_error", "scripted server_error", True)
+
+
+async def test_a_reasoning_only_start_counts_as_the_first_delta_for_the_idle_timeout() -> None:
+    model = register_script("s-native-quiet", parse_script({"rounds": [
+        {"native": [{"reasoning": "hm", "signature": "s"}, {"text": "late"}], "chunk_chars": 2, "hang_after": 2}]}))
+    items, seen = await outcome([model], "direct", idle_timeout_s=0.05)
+    assert items == [*shown(Round.model_validate({"native": [{"reasoning": "hm", "signature": "s"}]}))]
+    assert isinstance(items[-1], ReasoningSignature)
+    assert seen == ("timeout", "no chunk for 0.05 s in the middle of the response", True)
+
+
+async def test_a_by_message_script_plays_each_conversation_its_sub_script_on_both_readers() -> None:
+    model = register_script("s-by", parse_script({
+        "by_message": {"weather": {"rounds": [{"native": [{"text": "Rain."}]}]}},
+        "default": {"rounds": [{"text": "Hello."}]}}))
+    for first, expected in (("Weather in Paris?", "Rain."), ("hi", "Hello.")):
+        direct, lite = await both([model], [{"role": "user", "content": first}])
+        assert direct == lite
+        assert texts(direct[0]) == expected
+
+
+async def test_a_native_continuation_of_a_prefill_plays_the_same_rest_on_both_readers() -> None:
+    model = register_script("s-native-cont", parse_script({"continues": True, "loop": True, "rounds": [
+        {"native": [{"reasoning": "Sure."}, {"text": "It rains in Paris, 12 °C."}], "chunk_chars": 5}]}))
+    asked = [{"role": "user", "content": "weather?"}, {"role": "assistant", "content": "It rains in"}]
+    direct, lite = await both([model], asked, start=1)
+    assert direct == lite
+    assert texts(direct[0]) == " Paris, 12 °C."

@@ -252,6 +252,23 @@ async def test_replayed_under_its_own_profile_a_conversation_differs_in_nothing(
     assert budget[2].replayed.notices == ("exploration_budget.confirmation_required demo.clock",)
 
 
+async def test_a_turn_the_provider_ended_replays_to_the_same_provider_error(tmp_path: Path) -> None:
+    rec = await record(tmp_path / "s.db", [{"error": "auth"}] * 4, "weather?")
+    events, _ = await rec.load()
+    assert [reason for reason, _ in turn_ends(events)] == ["provider_error"]
+
+    report = await rec.replay(governance(PROFILE_A))
+    (turn,) = report.turns
+    assert turn.replayed_end == turn.recorded_end and turn.recorded_end.reason == "provider_error"
+    assert not report.differs
+
+    (turn,) = (await rec.replay(governance(PROFILE_A.replace("exploration_soft_cap = 2",
+                                                             "exploration_soft_cap = 2\nmax_protocol_retries = 1")))).turns
+    assert turn.replayed_end == TurnEnd(reason="provider_error", final_answer=GIVE_UP_MESSAGES[EndReason.PROVIDER_ERROR],
+                                        finish_ok=False)                # fewer retries: the same cause, sooner
+    assert [r.replayed.status for r in turn.rounds][2:] == ["not_reached"] * 2
+
+
 async def wait_for_event(backend: LocalBackend, cid: str, name: str) -> asyncio.Event:
     """An asyncio.Event set by the first published `name` event of the conversation."""
     seen = asyncio.Event()

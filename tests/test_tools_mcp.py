@@ -32,6 +32,7 @@ from actors.tools.mcp import (
     McpToolSpec,
     discover,
     sessions,
+    stdio_command,
 )
 
 BOUND_S = 20.0   # a generous bound for one condition
@@ -82,6 +83,24 @@ def pid() -> int:
     return os.getpid()
 
 
+@mcp.tool()
+def card(key: str) -> dict:
+    """A dict with no output schema: MCPServer sends it as JSON text only."""
+    return {"key": key, "text": NOTES.get(key, ""), "tags": ["a", "b"]}
+
+
+@mcp.tool()
+def card_unannotated(key: str):
+    """The same, with no return annotation at all."""
+    return {"key": key, "nested": {"n": 1}}
+
+
+@mcp.tool(structured_output=False)
+def json_list() -> str:
+    """Text that is JSON, but not an object."""
+    return "[1, 2]"
+
+
 @mcp.tool(structured_output=False)
 def plain() -> str:
     """Unstructured text only."""
@@ -107,6 +126,9 @@ DECLARED = {
     "slow": McpToolEntry(trait=Trait.NEUTRAL),
     "fail": McpToolEntry(trait=Trait.NEUTRAL),
     "pid": McpToolEntry(trait=Trait.NEUTRAL),
+    "card": McpToolEntry(trait=Trait.NEUTRAL),
+    "card_unannotated": McpToolEntry(trait=Trait.NEUTRAL),
+    "json_list": McpToolEntry(trait=Trait.NEUTRAL),
     "plain": McpToolEntry(trait=Trait.NEUTRAL),
     "snapshot": McpToolEntry(trait=Trait.NEUTRAL),
 }
@@ -309,7 +331,7 @@ async def test_a_declared_tool_the_server_lacks_names_its_field(stdio: McpServer
     with pytest.raises(McpError) as caught:
         await discover(server)
     assert str(caught.value) == ("mcp_servers.notes.tools.delete_note: the server has no tool 'delete_note' "
-                                 "(it has: fail, pid, plain, read_note, slow, snapshot, write_note)")
+                                 "(it has: card, card_unannotated, fail, json_list, pid, plain, read_note, slow, snapshot, write_note)")
 
 
 async def test_a_server_that_never_answers_is_a_startup_error() -> None:
@@ -339,6 +361,31 @@ async def test_calls_share_one_server_process(pool: McpSessions, stdio: McpServe
 async def test_calls_over_http(pool: McpSessions, http: McpServerConfig) -> None:
     assert await pool.call(http, "write_note", {"key": "k", "text": "over http"}) == {"count": 1}
     assert await pool.call(http, "read_note", {"key": "k"}) == {"result": "over http"}
+
+
+async def test_a_structured_result_is_its_structured_content(pool: McpSessions, stdio: McpServerConfig) -> None:
+    assert await pool.call(stdio, "write_note", {"key": "k", "text": "milk"}) == {"count": 1}
+    assert set(await pool.call(stdio, "pid", {})) == {"result"}            # a non-object, wrapped
+
+
+async def test_a_dict_without_an_output_schema_comes_back_as_the_dict(pool: McpSessions, stdio: McpServerConfig) -> None:
+    await pool.call(stdio, "write_note", {"key": "k", "text": "milk"})
+    assert await pool.call(stdio, "card", {"key": "k"}) == {"key": "k", "text": "milk", "tags": ["a", "b"]}
+    assert await pool.call(stdio, "card_unannotated", {"key": "k"}) == {"key": "k", "nested": {"n": 1}}
+
+
+async def test_json_text_that_is_not_an_object_stays_text(pool: McpSessions, stdio: McpServerConfig) -> None:
+    assert await pool.call(stdio, "json_list", {}) == {"content": ["[1, 2]"]}
+
+
+async def test_a_python_command_runs_this_interpreter(script: Path, started: Path, tmp_path: Path) -> None:
+    # A PATH with no Python on it at all: the server still starts, with the interpreter running this test.
+    (tmp_path / "empty").mkdir()
+    server = McpServerConfig(name="notes", command=("python", str(script)),
+                             env={"PATH": str(tmp_path / "empty"), "NOTES_STARTED": str(started)}, tools=DECLARED)
+    assert [spec.name for spec in await discover(server)] == list(DECLARED)
+    assert stdio_command(("python3", "s.py")) == (sys.executable, ["s.py"])
+    assert stdio_command(("node", "s.js")) == ("node", ["s.js"])
 
 
 async def test_an_unstructured_result_is_its_content(pool: McpSessions, stdio: McpServerConfig) -> None:

@@ -11,7 +11,7 @@ import pytest
 from actors.catalog import ASK_USER_TOOL, Observation, ToolDecl, Trait
 from actors.gates import CONTINUE_EXPLORING, EXPLORATION_MARKER, STOP_EXPLORING
 from actors.profile import Policies
-from actors.round import RoundResult
+from actors.round import RoundEngine, RoundResult
 from actors.turn_machine import (
     GIVE_UP_MESSAGES,
     Budget,
@@ -27,6 +27,7 @@ from actors.turn_machine import (
     TurnProgress,
     continuation_models,
     cut_notice,
+    provider_failed,
     transition,
 )
 from protocol.events import EndReason, IterationLimit, NoToolFinish, Salvaged
@@ -90,6 +91,58 @@ def test_every_retry_counts_and_the_one_past_the_limit_gives_up() -> None:
     end = plans[-1]
     assert isinstance(end, End) and end.reason is EndReason.PROTOCOL_VIOLATION and not end.finish_ok
     assert end.answer == GIVE_UP_MESSAGES[EndReason.PROTOCOL_VIOLATION] and m.phase is Phase.EXIT
+
+
+def provider_cut_round(cause: str = "auth: the variable ACME_LLM_KEY (api_key_env) is not set where this model is called",
+                       text: str = "") -> RoundResult:
+    """A round every model failed before its first delta (or, with `text`, mid-response), as the
+    turn's shell finishes it: the cut notice, and the cause on the result."""
+    kind, _, message = cause.partition(": ")
+    engine = RoundEngine(rules(), turn_id="t1", round_no=1)
+    engine.feed(text)
+    notice = cut_notice(StreamEnd.CUT, Holds.TEXT if text else Holds.NOTHING, continuations=0, kind=kind,
+                        mid_response=bool(text), cause=message, model="openai/acme-small")
+    result = engine.finish(cut=notice)[1]
+    result.provider_error = cause
+    return result
+
+
+def test_retries_spent_on_a_provider_failure_end_the_turn_as_provider_error_with_its_cause() -> None:
+    m = machine(max_protocol_retries=1)
+    plans = [m.round_ended(provider_cut_round()) for _ in range(2)]
+    assert isinstance(plans[0], Decide)
+    end = plans[1]
+    assert isinstance(end, End) and end.reason is EndReason.PROVIDER_ERROR and not end.finish_ok
+    assert end.answer == GIVE_UP_MESSAGES[EndReason.PROVIDER_ERROR] and "model provider" in end.answer
+    assert end.error == "auth: the variable ACME_LLM_KEY (api_key_env) is not set where this model is called"
+
+
+def test_a_provider_failure_mid_response_before_any_answer_counts_too() -> None:
+    m = machine(max_protocol_retries=0)
+    end = m.round_ended(provider_cut_round("server_error: upstream reset", text=thinking("Looking")))
+    assert isinstance(end, End) and end.reason is EndReason.PROVIDER_ERROR and end.error == "server_error: upstream reset"
+
+
+def test_the_round_that_spends_the_last_retry_names_the_cause() -> None:
+    # The model's own mistakes first, then the provider: the provider's; and the other way round.
+    m = machine(max_protocol_retries=1)
+    m.round_ended(garbage_round())
+    end = m.round_ended(provider_cut_round())
+    assert isinstance(end, End) and end.reason is EndReason.PROVIDER_ERROR
+    m = machine(max_protocol_retries=1)
+    m.round_ended(provider_cut_round())
+    end = m.round_ended(garbage_round())
+    assert isinstance(end, End) and end.reason is EndReason.PROTOCOL_VIOLATION and end.error is None
+
+
+def test_a_provider_notice_names_the_cause_and_says_it_is_not_the_models_mistake() -> None:
+    notice = provider_cut_round().notices[-1]
+    assert notice.code is NoticeCode.PROVIDER_ERROR and provider_failed(notice)
+    assert notice.message == (
+        "the model provider failed (auth) for model 'openai/acme-small': the variable ACME_LLM_KEY (api_key_env) "
+        "is not set where this model is called. This is not your mistake.")
+    restarted = cut_notice(StreamEnd.RESTARTED, Holds.TEXT, continuations=1)
+    assert restarted.code is NoticeCode.PROVIDER_ERROR and not provider_failed(restarted)
 
 
 def test_no_retry_at_all_when_the_limit_is_zero() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from actors.continuation import CONTINUE_PROMPT, CUT_PROMPT
+from actors.turn_machine import GIVE_UP_MESSAGES
 from protocol.notices import NoticeCode
 from tests.convkit import (
     action,
@@ -251,4 +252,31 @@ async def test_provider_error_with_no_fallback_left_is_notice_and_retry() -> Non
     assert h.notice_codes()[0] == [NoticeCode.PROVIDER_ERROR]
     assert h.named("fallback") == []
     assert done["reason"] == "complete"
+    h.check_invariants()
+
+
+async def test_retries_spent_on_provider_failures_end_the_turn_as_provider_error_naming_the_cause() -> None:
+    first = script_model(rounds_script({"error": "auth"}, loop=True))
+    second = script_model(rounds_script({"error": "unavailable"}, loop=True))
+    h = harness(model=first, fallbacks=[second], max_protocol_retries=1)
+    done = await h.turn("weather in paris?")
+
+    assert done["reason"] == "provider_error" and done["finish_ok"] is False
+    assert done["final_answer"] == GIVE_UP_MESSAGES["provider_error"]
+    assert done["error"] == "unavailable: scripted unavailable"       # the last model's, as the round's notice says
+    assert h.notice_codes() == [[NoticeCode.PROVIDER_ERROR]] * 2
+    assert h.rounds()[0]["notices"][0]["message"] == (
+        f"the model provider failed (unavailable) for model {second!r}: scripted unavailable. This is not your mistake.")
+    assert [f["error"] for f in h.named("fallback")] == ["auth: scripted auth"] * 2
+    assert h.named("answer.delta") == []
+    h.check_invariants()
+
+
+async def test_a_turn_the_model_itself_failed_last_still_ends_as_protocol_violation() -> None:
+    h = harness(rounds_script({"error": "server_error"}, text_round("Sure! Here you go."), loop=True),
+                max_protocol_retries=1)
+    done = await h.turn("hello")
+
+    assert done["reason"] == "protocol_violation" and "error" not in done
+    assert h.notice_codes() == [[NoticeCode.PROVIDER_ERROR], [NoticeCode.PREAMBLE]]
     h.check_invariants()

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from actors.identity import Owner
+from actors.identity import Caller, Owner
 from actors.quotas import TenantUsage
 from protocol.events import Event
 from protocol.frames import AgentList, ConversationPage, Mode
@@ -72,6 +72,7 @@ class UserMessage:
     # The W3C context of the gateway's span for this command: the turn it starts joins that trace,
     # on whichever host runs it (docs/design.md#tracing). Empty when nothing is traced.
     trace: Mapping[str, str] = field(default_factory=dict, compare=False)
+    caller: Caller | None = field(default=None, compare=False)  # what the turn's tools know of who calls
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +80,7 @@ class Steer:
     id: str
     text: str
     trace: Mapping[str, str] = field(default_factory=dict, compare=False)  # as UserMessage's
+    caller: Caller | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -170,9 +170,9 @@ class HostCore:
     @staticmethod
     def _apply(conv: Conversation, command: Command) -> None:
         if isinstance(command, UserMessage):
-            conv.user_message(command.id, command.text, command.trace)
+            conv.user_message(command.id, command.text, command.trace, caller=command.caller)
         elif isinstance(command, Steer):
-            conv.steer(command.text, command.id, command.trace)
+            conv.steer(command.text, command.id, command.trace, caller=command.caller)
         elif isinstance(command, Answer) and not conv.answer(command.ask_id, command.answer):
             raise UnknownAsk(command.ask_id)
         elif isinstance(command, SetMode):

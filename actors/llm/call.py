@@ -26,8 +26,9 @@ from actors.llm.scripts import CALL_INDEX_HEADER, CONVERSATION_HEADER
 STREAM_READER: Final = "stream_reader"
 DEFAULT_TIMEOUT_S: Final = 600.0   # LiteLLM's COMPLETION_HTTP_FALLBACK_SECONDS when no timeout is given
 
-# Settings that become fields of the call rather than completion parameters.
-_RESOLVED: Final = frozenset({STREAM_READER, KEY_SETTING, "api_base", "timeout"})
+# Settings that become fields of the call rather than completion parameters: the ones reactgate
+# itself consumes, whatever the provider (agent check knows them from here).
+RESOLVED_SETTINGS: Final = frozenset({STREAM_READER, KEY_SETTING, "api_base", "timeout"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +74,7 @@ class ModelCall:
             key = read_key(settings)
         except MissingKey as exc:
             raise ProviderError("auth", model, str(exc), after_first_delta=False) from None
-        params = {k: v for k, v in settings.items() if k not in _RESOLVED}
+        params = {k: v for k, v in settings.items() if k not in RESOLVED_SETTINGS}
         if "max_tokens" not in params and max_tokens is not None:
             params["max_tokens"] = max_tokens
         return cls(

@@ -1,10 +1,12 @@
 """The scripted model played directly, with no LiteLLM in between (docs/design.md#scripted-model).
 
 Load tests and benches then measure reactgate rather than LiteLLM's per-chunk wrapper. A call yields
-what the custom provider (`scripted.py`) streams through LiteLLM's wrapper for the same call —
-deltas, finish reason, usage when asked for — and fails with the `ProviderError`s LiteLLM's reader
-reports (kind, message, after_first_delta): both play through `scripts.play`, and
-tests/test_llm_stream.py checks them side by side.
+the round's stream as it is (`Round.stream`: content, and for a native round its reasoning,
+signatures, redacted blocks and calls, docs/design.md#native) — what the custom provider
+(`scripted.py`) streams through LiteLLM's wrapper for the same call, deltas, finish reason, usage
+when asked for — and fails with the `ProviderError`s LiteLLM's reader reports (kind, message,
+after_first_delta): both play through `scripts.play`, and tests/test_llm_stream.py checks them side
+by side.
 """
 
 from __future__ import annotations
@@ -34,11 +36,11 @@ async def play_directly(call: ModelCall) -> AsyncGenerator[StreamItem, None]:
     try:
         round_ = round_to_play(call.model[len(_SCRIPTED):], call.call_index, call.messages)
         async with contextlib.aclosing(play(round_, read_timeout_s=call.read_timeout_s,
-                                            idle_timeout_s=call.idle_timeout_s)) as texts:
-            async for text in texts:
-                if text:
+                                            idle_timeout_s=call.idle_timeout_s)) as deltas:
+            async for delta in deltas:
+                if type(delta) is not ModelDelta or delta.text:   # an empty chunk only paces the stream
                     delivered = True
-                    yield ModelDelta(text)
+                    yield delta
     except RoundFailed as failed:
         raise ProviderError(failed.kind, call.model, failed.message, after_first_delta=delivered) from None
     usage = round_.reported_usage(call.messages) if call.include_usage else None

@@ -63,6 +63,9 @@ ERROR_TABLE: Final[Mapping[ErrorKind, tuple[int, str]]] = {
 SILENCE: Final = "no chunk for {:g} s in the middle of the response"
 
 
+CAUSE_CHARS: Final = 500
+
+
 class ProviderError(Exception):
     """A model call failed: every model failed before its first delta, or one failed mid-stream."""
 
@@ -72,6 +75,21 @@ class ProviderError(Exception):
         self.model = model
         self.message = message
         self.after_first_delta = after_first_delta
+
+    @property
+    def detail(self) -> str:
+        """The message on one line, without the kind some messages open with, at most
+        `CAUSE_CHARS`: what a notice quotes (docs/design.md#notices). Readers scrub keys out of
+        `message` before they raise (keys.py), so this holds none."""
+        text = " ".join(self.message.split())
+        if text.startswith(f"{self.kind}: "):
+            text = text[len(self.kind) + 2:]
+        return text[:CAUSE_CHARS]
+
+    @property
+    def cause(self) -> str:
+        """`kind: detail`: the failure as `turn.completed.error` and the log say it."""
+        return f"{self.kind}: {self.detail}" if self.detail else self.kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +162,7 @@ def error_message(exc: BaseException) -> str:
 # by tests/test_llm_fast.py). A status first meets the text rules (LiteLLM classifies by the error
 # text before the status), then the status tables; a mid-stream error has no status on the OpenAI
 # wire (the SDK raises a bare APIError: anything unmatched is `connection`, MID_STREAM_MESSAGES in
-# mock_server.py relies on it) and 500 on the Anthropic wire (LiteLLM's AnthropicError for an
+# mock_wires.py relies on it) and 500 on the Anthropic wire (LiteLLM's AnthropicError for an
 # `error` event).
 
 _BASE_STATUS: Final = {status: kind.value for kind, (status, _) in ERROR_TABLE.items()}

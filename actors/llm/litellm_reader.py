@@ -20,6 +20,7 @@ from actors.llm.deltas import ModelFinished, StreamItem
 from actors.llm.errors import SILENCE, ProviderError, Usage, error_kind, error_message
 from actors.llm.keys import scrub
 from actors.llm.lite import litellm_module
+from actors.llm.providers import no_provider, provider_of
 from actors.llm.scripts import PROVIDER
 from protocol.deltas import ModelDelta
 
@@ -56,6 +57,8 @@ async def litellm_stream(call: ModelCall) -> AsyncGenerator[StreamItem, None]:
         from actors.llm.scripted import ensure_registered
 
         ensure_registered()   # the custom provider that plays it
+    elif provider_of(call.model, call.api_base) is None:   # LiteLLM would refuse it with a page of advice
+        raise ProviderError("bad_request", call.model, no_provider(call.model), after_first_delta=False)
     want_usage = call.include_usage and reports_usage(call.model)
     kwargs: dict[str, Any] = {"extra_headers": call.headers, "max_retries": 0, "num_retries": 0}
     if call.api_base is not None:

@@ -1,9 +1,15 @@
-"""`reactgate mock-llm --script F`: the scripted model as an OpenAI-compatible HTTP endpoint (docs/design.md#scripted-model).
+"""`reactgate mock-llm --script F`: the scripted model over HTTP, on both wires (docs/design.md#scripted-model).
 
-It lets the HTTP path be tested end to end: LiteLLM's `openai/NAME` provider with
-`api_base=http://HOST:PORT/v1` streams the same deltas the `scripted/` custom provider streams for
-the same script (both read `Round.chunks`), and a scripted error comes back as the HTTP status
-LiteLLM maps to the same exception class (`ERROR_TABLE`).
+It lets the HTTP path be tested end to end, channel and native rounds alike:
+- OpenAI-compatible SSE at `POST /v1/chat/completions`, for LiteLLM's `openai/NAME` provider with
+  `api_base=http://HOST:PORT/v1`;
+- Anthropic Messages SSE at `POST /v1/messages`, for `anthropic/NAME` with `api_base=http://HOST:PORT`.
+
+Each streams the round's deltas (`Round.stream`) in its provider's shapes (`mock_wires.py`), paced by
+`scripts.play` as the in-process players pace them; a scripted error comes back as the HTTP status
+LiteLLM maps to the same exception class (`ERROR_TABLE`), in the provider's error body. A request a
+real provider would refuse is refused with that provider's 400 (`mock_refusals.py`) and counted
+(`MockStats.refused`, `GET /stats`), so a test can assert reactgate sent none.
 
 Playback position: the `X-Reactgate-Conversation` / `X-Reactgate-Call-Index` headers that
 `stream_model` sends with every call; without them, a counter per conversation (or one global
@@ -13,41 +19,43 @@ counter) in this process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
-import json
 import sys
-import time
-import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from aiohttp import web
 
 from actors.llm.errors import ERROR_TABLE, SCRIPT_EXHAUSTED, ErrorKind
+from actors.llm.mock_refusals import ANTHROPIC_CHECKS, OPENAI_CHECKS, Check, Issued, Refusal, first_refusal
+from actors.llm.mock_wires import (
+    ANTHROPIC_ERROR_TYPES,
+    AnthropicMessagesEncoder,
+    Encoder,
+    OpenAIChatEncoder,
+    anthropic_error,
+    anthropic_message,
+    openai_completion,
+    openai_error,
+)
 from actors.llm.scripts import (
     CallCounter,
+    NoSubScript,
     Round,
+    RoundFailed,
     RoundUsage,
     Script,
     ScriptError,
     ScriptExhausted,
-    hang,
     load_script,
+    play,
     playback_position,
 )
 
-# A mid-stream error arrives inside a 200 stream, so LiteLLM can only classify it by its text
-# (`exception_mapping_utils`). These messages make it land on the same kind as the custom
-# provider; kinds a real provider never reports mid-stream (auth, not_found, unavailable) come
-# back as `connection`.
-MID_STREAM_MESSAGES: dict[ErrorKind, str] = {
-    ErrorKind.RATE_LIMIT: "Rate limit reached (429)",
-    ErrorKind.TIMEOUT: "A timeout occurred",
-    ErrorKind.SERVER_ERROR: "The server had an error processing your request.",
-    ErrorKind.BAD_REQUEST: "invalid_request_error",
-}
+INVALID_REQUEST: Final = "invalid_request_error"
 
 
 @dataclass
@@ -57,7 +65,18 @@ class MockStats:
     requests: int = 0
     streams_completed: int = 0
     streams_aborted: int = 0          # the client went away mid-stream
+    refused: int = 0                  # requests a real provider would refuse, refused with its 400
+    refusals: list[str] = field(default_factory=list)   # the rule that refused each (the last 1,000), as `wire.rule`
     _changed: asyncio.Event | None = field(default=None, repr=False)
+
+    def refuse(self, rule: str) -> None:
+        self.refusals.append(rule)
+        del self.refusals[:-1000]   # a long-running mock keeps the recent ones; `refused` counts them all
+        self._bump("refused")
+
+    def as_json(self) -> dict[str, Any]:
+        return {"requests": self.requests, "streams_completed": self.streams_completed,
+                "streams_aborted": self.streams_aborted, "refused": self.refused, "refusals": list(self.refusals)}
 
     def _bump(self, name: str) -> None:
         setattr(self, name, getattr(self, name) + 1)
@@ -74,86 +93,113 @@ class MockStats:
 
 
 _SCRIPT: web.AppKey[Script] = web.AppKey("script", Script)
+_ISSUED: web.AppKey[Issued] = web.AppKey("issued", Issued)
 _COUNTER: web.AppKey[CallCounter] = web.AppKey("counter", CallCounter)
 STATS: web.AppKey[MockStats] = web.AppKey("stats", MockStats)
 
 
-def _error_response(status: int, kind: str, message: str) -> web.Response:
-    body = {"error": {"message": message, "type": kind, "code": kind, "param": None}}
-    return web.json_response(body, status=status)
+@dataclass(frozen=True)
+class MockWire:
+    """One wire the mock serves: where, what it refuses, and how it writes answers and failures."""
+
+    name: str
+    paths: tuple[str, ...]
+    checks: Sequence[tuple[str, Check]]
+    encoder: Callable[[str, RoundUsage], Encoder]
+    complete: Callable[[str, Round, RoundUsage], dict[str, Any]]
+    failure: Callable[[str, str], dict[str, Any]]       # (kind or error type, message) → the error body
+    refused: Callable[[Refusal], dict[str, Any]]
+    include_usage: Callable[[Mapping[str, Any]], bool]  # whether a stream ends with its usage
 
 
-def _sse(payload: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+def _openai_include_usage(body: Mapping[str, Any]) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True
 
 
-async def _chat_completions(request: web.Request) -> web.StreamResponse:
+WIRES: Final[Sequence[MockWire]] = (
+    MockWire(
+        name="openai", paths=("/v1/chat/completions", "/chat/completions"), checks=OPENAI_CHECKS,
+        encoder=lambda model, usage: OpenAIChatEncoder(model), complete=openai_completion,
+        failure=lambda kind, message: openai_error(message, kind, code=kind),
+        refused=lambda r: openai_error(r.message, INVALID_REQUEST, param=r.param, code=r.code),
+        include_usage=_openai_include_usage,
+    ),
+    MockWire(
+        name="anthropic", paths=("/v1/messages",), checks=ANTHROPIC_CHECKS,
+        encoder=AnthropicMessagesEncoder, complete=anthropic_message,
+        failure=lambda kind, message: anthropic_error(message, ANTHROPIC_ERROR_TYPES.get(kind, INVALID_REQUEST)),  # type: ignore[call-overload]
+        refused=lambda r: anthropic_error(r.message, INVALID_REQUEST),
+        include_usage=lambda body: True,   # message_start and message_delta always carry it
+    ),
+)
+
+
+def _answer(wire: MockWire) -> Callable[[web.Request], Any]:
+    async def answer(request: web.Request) -> web.StreamResponse:
+        return await _serve(wire, request)
+    return answer
+
+
+async def _serve(wire: MockWire, request: web.Request) -> web.StreamResponse:
+    def failed(status: int, kind: str, message: str) -> web.Response:
+        return web.json_response(wire.failure(kind, message), status=status)
+
     try:
         body = await request.json()
     except ValueError:
-        return _error_response(400, "invalid_request_error", "request body is not JSON")
+        return failed(400, INVALID_REQUEST, "request body is not JSON")
     if not isinstance(body, dict):
-        return _error_response(400, "invalid_request_error", "request body must be a JSON object")
+        return failed(400, INVALID_REQUEST, "request body must be a JSON object")
     model = str(body.get("model") or "scripted")
-    request.app[STATS]._bump("requests")
+    stats = request.app[STATS]
+    stats._bump("requests")
+    refusal = first_refusal(wire.checks, body, request.app[_ISSUED])
+    if refusal is not None:   # before the playback position: a refused request plays no round
+        stats.refuse(f"{wire.name}.{refusal.rule}")
+        return web.json_response(wire.refused(refusal), status=400)
 
+    messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
     conversation, index = playback_position(request.headers)
     if index is None:
         index = request.app[_COUNTER].next(conversation or "")
     try:
-        round_ = request.app[_SCRIPT].answer(index, body.get("messages") or [], model)
+        round_ = request.app[_SCRIPT].answer(index, messages, model)
     except ScriptExhausted as exc:
-        return _error_response(400, SCRIPT_EXHAUSTED, str(exc))
+        return failed(400, SCRIPT_EXHAUSTED, str(exc))
+    except NoSubScript as exc:
+        return failed(400, INVALID_REQUEST, str(exc))
 
-    if round_.error is not None and not round_.chunks:
+    if round_.error is not None and not round_.stream:
         if round_.delay_ms:
             await asyncio.sleep(round_.delay_s)
-        status, _ = ERROR_TABLE[round_.error]
-        return _error_response(status, round_.error.value, f"scripted {round_.error.value}")
-
-    messages = body.get("messages") or []
+        return failed(ERROR_TABLE[round_.error][0], round_.error.value, f"scripted {round_.error.value}")
+    usage = round_.reported_usage(messages)
     if body.get("stream"):
-        options = body.get("stream_options")
-        include_usage = isinstance(options, dict) and options.get("include_usage") is True
-        return await _stream(request, model, round_, round_.reported_usage(messages) if include_usage else None)
-    return await _complete(model, round_, round_.reported_usage(messages))
+        return await _stream(request, wire.encoder(model, usage), round_, usage if wire.include_usage(body) else None)
+    if round_.delay_ms:
+        await asyncio.sleep(round_.delay_s * max(1, len(round_.stream)))
+    if round_.error is not None:
+        return failed(ERROR_TABLE[round_.error][0], round_.error.value, f"scripted {round_.error.value}")
+    return web.json_response(wire.complete(model, round_, usage))
 
 
-def _usage(usage: RoundUsage) -> dict[str, int]:
-    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
-            "total_tokens": usage.prompt_tokens + usage.completion_tokens}
-
-
-async def _stream(request: web.Request, model: str, round_: Round, usage: RoundUsage | None) -> web.StreamResponse:
+async def _stream(request: web.Request, encoder: Encoder, round_: Round, usage: RoundUsage | None) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
-    base = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk",
-            "created": int(time.time()), "model": model}
-    delay = round_.delay_s
     stats = request.app[STATS]
     try:
-        for i, text in enumerate(round_.chunks):
-            if round_.hangs_before(i):
-                await hang()
-            if delay:
-                await asyncio.sleep(delay)
-            delta = {"role": "assistant", "content": text} if i == 0 else {"content": text}
-            await response.write(_sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}))
-        if round_.hangs_before(len(round_.chunks)):
-            await hang()
-        if round_.error is not None:
-            # A provider failing mid-stream: OpenAI sends an error event inside the 200 stream.
-            kind = round_.error
-            message = f"{MID_STREAM_MESSAGES.get(kind, '')} scripted {kind.value}".lstrip()
-            await response.write(
-                b"event: error\n" + _sse({"error": {"message": message, "type": kind.value, "code": kind.value}})
-            )
+        if opening := encoder.start():
+            await response.write(opening)
+        try:
+            async with contextlib.aclosing(play(round_, read_timeout_s=None)) as deltas:
+                async for delta in deltas:
+                    if out := encoder.delta(delta):
+                        await response.write(out)
+        except RoundFailed as failure:
+            await response.write(encoder.error(failure.error))
         else:
-            finish = {"index": 0, "delta": {}, "finish_reason": round_.finish_reason}
-            await response.write(_sse({**base, "choices": [finish]}))
-            if usage is not None:  # `stream_options.include_usage`: one more chunk, no choices, as OpenAI sends it
-                await response.write(_sse({**base, "choices": [], "usage": _usage(usage)}))
-            await response.write(b"data: [DONE]\n\n")
+            await response.write(encoder.finish(round_.finish_reason, usage))
         await response.write_eof()
     except (ConnectionResetError, asyncio.CancelledError):
         stats._bump("streams_aborted")
@@ -162,34 +208,26 @@ async def _stream(request: web.Request, model: str, round_: Round, usage: RoundU
     return response
 
 
-async def _complete(model: str, round_: Round, usage: RoundUsage) -> web.Response:
-    if round_.delay_ms:
-        await asyncio.sleep(round_.delay_s * max(1, len(round_.chunks)))
-    if round_.error is not None:
-        status, _ = ERROR_TABLE[round_.error]
-        return _error_response(status, round_.error.value, f"scripted {round_.error.value}")
-    return web.json_response({
-        "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-        "model": model,
-        "choices": [{"index": 0, "finish_reason": round_.finish_reason,
-                     "message": {"role": "assistant", "content": "".join(round_.chunks)}}],
-        "usage": _usage(usage),
-    })
-
-
 async def _models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": [
         {"id": "scripted", "object": "model", "created": 0, "owned_by": "reactgate"}]})
 
 
+async def _stats(request: web.Request) -> web.Response:
+    return web.json_response(request.app[STATS].as_json())
+
+
 def make_app(script: Script) -> web.Application:
     app = web.Application()
     app[_SCRIPT] = script
+    app[_ISSUED] = Issued.of(script)
     app[_COUNTER] = CallCounter()
     app[STATS] = MockStats()
-    app.router.add_post("/v1/chat/completions", _chat_completions)
-    app.router.add_post("/chat/completions", _chat_completions)
+    for wire in WIRES:
+        for path in wire.paths:
+            app.router.add_post(path, _answer(wire))
     app.router.add_get("/v1/models", _models)
+    app.router.add_get("/stats", _stats)
     return app
 
 
@@ -221,7 +259,8 @@ def run_mock_server(script_path: str | Path, host: str = "127.0.0.1", port: int 
         runner, bound = await start_mock_server(script, host, port)
         gc.freeze()  # a provider does not pause every stream for a full collection (gateway/server.py)
         print(f"mock LLM playing {script_path} at http://{host}:{bound}/v1 "
-              f"(LiteLLM model 'openai/<any>', api_base http://{host}:{bound}/v1)", flush=True)
+              f"(LiteLLM model 'openai/<any>', api_base http://{host}:{bound}/v1; "
+              f"'anthropic/<any>', api_base http://{host}:{bound})", flush=True)
         try:
             await asyncio.Event().wait()
         finally:
@@ -237,4 +276,4 @@ def run_mock_server(script_path: str | Path, host: str = "127.0.0.1", port: int 
     return 0
 
 
-__all__ = ["STATS", "ErrorKind", "MockStats", "make_app", "run_mock_server", "start_mock_server"]
+__all__ = ["STATS", "WIRES", "ErrorKind", "MockStats", "MockWire", "make_app", "run_mock_server", "start_mock_server"]

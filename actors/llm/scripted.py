@@ -7,6 +7,15 @@ through the real LiteLLM streaming path (`acompletion(stream=True)` → `CustomS
 tests of that path exercise what a real provider exercises. Both players pace and fail through
 `scripts.play`, and `tests/test_llm_stream.py` checks they stream the same.
 
+A native round (docs/design.md#native) goes through LiteLLM's wrapper as LiteLLM's own providers
+put it: content and calls as `GenericStreamingChunk`s (`tool_use`: by index, id and name in a
+call's first fragment, then its arguments); reasoning, signatures and redacted blocks as the
+`ModelResponseStream` deltas LiteLLM's Anthropic provider yields (`reasoning_content`,
+`thinking_blocks`) — a `GenericStreamingChunk` has no field for them, and the wrapper passes a
+custom provider's `ModelResponseStream` through as it is. What this path cannot carry: a call's end
+(`ToolCallEnd`), for which an OpenAI-shaped chunk has no field — a reader ends a call at the next
+call or the finish, so a round cut right after a call's last fragment reads as cut mid-call.
+
 The provider keeps no call counter of its own: the caller sends the conversation id and the
 call index (`X-Reactgate-*` headers, see `scripts.py`) because the conversation owns the durable
 counter and may resume in another process after a crash. A per-process counter is only the
@@ -36,12 +45,29 @@ from actors.llm.scripts import (
     playback_position,
     round_to_play,
 )
+from protocol.deltas import (
+    ModelDelta,
+    ModelOutput,
+    ReasoningDelta,
+    ReasoningSignature,
+    RedactedReasoning,
+    ToolCallArgs,
+    ToolCallStart,
+)
 
 if TYPE_CHECKING:
     from litellm.llms.custom_llm import CustomLLM
-    from litellm.types.utils import GenericStreamingChunk, ModelResponse
+    from litellm.types.utils import (
+        Delta,
+        GenericStreamingChunk,
+        ModelResponse,
+        ModelResponseStream,
+        StreamingChoices,
+    )
 else:
     CustomLLM = litellm_part("llms.custom_llm").CustomLLM
+    _types = litellm_part("types.utils")
+    Delta, ModelResponseStream, StreamingChoices = _types.Delta, _types.ModelResponseStream, _types.StreamingChoices
 
 litellm: Any = litellm_module()
 
@@ -52,7 +78,8 @@ def provider_exception(kind: ErrorKind, model: str, message: str) -> Exception:
     return cls(message=message, model=model, llm_provider=PROVIDER)  # type: ignore[no-any-return]
 
 
-def _chunk(text: str, finish_reason: str | None = None, usage: RoundUsage | None = None) -> GenericStreamingChunk:
+def _chunk(text: str, finish_reason: str | None = None, usage: RoundUsage | None = None,
+           tool_use: Any = None) -> GenericStreamingChunk:
     return {
         "text": text,
         "is_finished": finish_reason is not None,
@@ -64,8 +91,35 @@ def _chunk(text: str, finish_reason: str | None = None, usage: RoundUsage | None
             "total_tokens": usage.prompt_tokens + usage.completion_tokens,
         },
         "index": 0,
-        "tool_use": None,
+        "tool_use": tool_use,
     }
+
+
+def _tool_use(index: int, call_id: str | None, name: str | None, arguments: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}, "index": index}
+
+
+def _reasoning(**delta: Any) -> ModelResponseStream:
+    return ModelResponseStream(choices=[StreamingChoices(index=0, delta=Delta(**delta))])
+
+
+def _provider_chunk(delta: ModelOutput) -> GenericStreamingChunk | ModelResponseStream | None:
+    """The chunk a provider yields for `delta`, in the shapes LiteLLM's own providers use; None for
+    a call's end, which no chunk carries (see the module's docstring)."""
+    match delta:
+        case ModelDelta(text=text):
+            return _chunk(text)
+        case ToolCallStart(index=index, call_id=call_id, name=name):
+            return _chunk("", tool_use=_tool_use(index, call_id, name, ""))
+        case ToolCallArgs(index=index, fragment=fragment):
+            return _chunk("", tool_use=_tool_use(index, None, None, fragment))
+        case ReasoningDelta(text=text):
+            return _reasoning(reasoning_content=text)
+        case ReasoningSignature(signature=signature):
+            return _reasoning(thinking_blocks=[{"type": "thinking", "thinking": "", "signature": signature}])
+        case RedactedReasoning(data=data):
+            return _reasoning(thinking_blocks=[{"type": "redacted_thinking", "data": data}])
+    return None
 
 
 def _read_timeout(timeout: Any) -> float | None:
@@ -108,15 +162,17 @@ class ScriptedLLM(CustomLLM):
         headers: dict[str, str] | None = None,
         timeout: Any = None,
         client: Any = None,
-    ) -> AsyncIterator[GenericStreamingChunk]:
+    ) -> AsyncIterator[GenericStreamingChunk | ModelResponseStream]:
         # An async generator: nothing runs until LiteLLM asks for the first chunk, so an `error`
         # round raises before any chunk, as a failing provider does. The idle timeout is not the
         # provider's: LiteLLM's reader keeps it around LiteLLM's stream.
         round_ = self.resolve(model, headers, messages)
         try:
-            async with contextlib.aclosing(play(round_, read_timeout_s=_read_timeout(timeout))) as texts:
-                async for text in texts:
-                    yield _chunk(text)
+            async with contextlib.aclosing(play(round_, read_timeout_s=_read_timeout(timeout))) as deltas:
+                async for delta in deltas:
+                    chunk = _provider_chunk(delta)
+                    if chunk is not None:
+                        yield chunk
         except RoundFailed as failed:
             raise provider_exception(failed.error, model, failed.message) from None
         yield _chunk("", round_.finish_reason, round_.reported_usage(messages))
@@ -142,10 +198,19 @@ class ScriptedLLM(CustomLLM):
     ) -> ModelResponse:
         round_ = self.resolve(model, headers, messages)
         if round_.delay_ms:
-            await asyncio.sleep(round_.delay_s * max(1, len(round_.chunks)))
+            await asyncio.sleep(round_.delay_s * max(1, len(round_.stream)))
         if round_.error is not None:
             raise provider_exception(round_.error, model, f"scripted {round_.error.value}")
-        model_response.choices[0].message.content = "".join(round_.chunks)
+        message = model_response.choices[0].message
+        message.content = "".join(round_.chunks)
+        if round_.native is not None:
+            tool_call = litellm_part("types.utils").ChatCompletionMessageToolCall
+            message.tool_calls = [
+                tool_call(id=d.call_id, type="function", function={"name": d.name, "arguments": call.arguments_text})
+                for d, call in zip((d for d in round_.stream if type(d) is ToolCallStart), round_.calls, strict=False)
+            ] or None
+            reasoning = "".join(d.text for d in round_.stream if type(d) is ReasoningDelta)
+            message.reasoning_content = reasoning or None
         model_response.choices[0].finish_reason = round_.finish_reason
         model_response.created = int(time.time())
         model_response.model = model

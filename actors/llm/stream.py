@@ -10,7 +10,8 @@ Each attempt is resolved once into a `ModelCall` (settings win over arguments, t
 call) and served by one of `READERS`, all yielding the same items and the same `ProviderError` kinds.
 Every attempt — first model, fallbacks — takes a fresh call index from the conversation
 (`next_call_index`), so the scripted model's "round i answers the i-th call" holds across retries,
-continuations and fallbacks, and across processes.
+continuations and fallbacks, and across processes. Every failed attempt is reported to this
+process's `failures.FAILURES`, which logs each (model, cause) once a minute.
 
 This module is also where consumers take the model layer's vocabulary from: the items, `Usage`,
 `ProviderError`, and `warm_up`.
@@ -26,6 +27,7 @@ from actors.llm.call import ModelCall
 from actors.llm.deltas import ModelFallback, ModelFinished, StreamItem
 from actors.llm.direct_player import play_directly, plays_directly
 from actors.llm.errors import ProviderError, Usage
+from actors.llm.failures import FAILURES
 from actors.llm.fast import fast_stream
 from actors.llm.lite import warm_up
 from actors.llm.litellm_reader import litellm_stream
@@ -94,6 +96,7 @@ async def stream_model(
                     yield item
             return
         except ProviderError as failed:
+            FAILURES.failed(failed, conversation_id)   # once per (model, cause) a minute
             if failed.after_first_delta or position + 1 == len(models):
                 raise
             yield _fallback(model, models[position + 1], failed)

@@ -55,6 +55,16 @@ class WrongHost(Exception):
         self.holder = holder
 
 
+# A Ray worker process has no logging configured: a host's lines (a model's failures,
+# actors/llm/failures.py) would reach its stderr — a worker log file, forwarded to the driver —
+# bare, and INFO not at all. The gateway's own format (gateway/cli.py), in every host process.
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def configure_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+
+
 def register_scripts(config: RayConfig) -> None:
     """The scripted model's registry is per process: every host registers the cluster's scripts."""
     for name, path in config.scripts.items():
@@ -66,6 +76,7 @@ class ConversationHost:
     """Hosts many conversations (a HostCore); delivers their events to each gateway in batches."""
 
     def __init__(self, name: str, config: RayConfig) -> None:
+        configure_logging()
         self.name = name
         self.incarnation = uuid.uuid4().hex
         self.config = config

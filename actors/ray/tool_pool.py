@@ -19,6 +19,7 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from actors.catalog import Catalog, Observation, ToolCall
+from actors.identity import Caller
 from actors.ray.config import RayConfig
 from actors.store import store_from_url
 from actors.tools.pool import ToolPool
@@ -51,11 +52,11 @@ class ToolPoolActor:
 
     async def execute_batch(
         self, conversation_id: str, turn_id: str, calls: list[ToolCall], *,
-        exploration_cap: int, timeout_s: float, catalog: Catalog | None = None,
+        exploration_cap: int, timeout_s: float, catalog: Catalog | None = None, caller: Caller | None = None,
     ) -> list[Observation]:
         pool = await self._ready()
         return await pool.execute_batch(
-            conversation_id, turn_id, calls, exploration_cap=exploration_cap, timeout_s=timeout_s, catalog=catalog,
+            conversation_id, turn_id, calls, exploration_cap=exploration_cap, timeout_s=timeout_s, catalog=catalog, caller=caller,
         )
 
     async def reset_exploration(self, conversation_id: str) -> None:
@@ -81,12 +82,12 @@ class ToolPoolClient:
 
     async def execute_batch(
         self, conversation_id: str, turn_id: str, calls: Sequence[ToolCall], *,
-        exploration_cap: int, timeout_s: float, catalog: Catalog | None = None,
+        exploration_cap: int, timeout_s: float, catalog: Catalog | None = None, caller: Caller | None = None,
     ) -> list[Observation]:
         try:
             return list(await self.pool.execute_batch.remote(
                 conversation_id, turn_id, list(calls), exploration_cap=exploration_cap,
-                timeout_s=timeout_s, catalog=catalog,
+                timeout_s=timeout_s, catalog=catalog, caller=caller,
             ))
         except (RayActorError, RayTaskError) as exc:
             log.warning("tool pool failed during a batch of %s: %s", conversation_id, type(exc).__name__)

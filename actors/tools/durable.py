@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from actors.catalog import Catalog, Observation, ToolCall, ToolExecutor
+from actors.identity import Caller
 from actors.store import Store
 
 _encode = msgspec.json.Encoder().encode
@@ -29,7 +30,7 @@ class DurableTools:
 
     async def execute_batch(
         self, conversation_id: str, turn_id: str, calls: Sequence[ToolCall], *,
-        exploration_cap: int, timeout_s: float, catalog: Catalog | None = None,
+        exploration_cap: int, timeout_s: float, catalog: Catalog | None = None, caller: Caller | None = None,
     ) -> list[Observation]:
         known: dict[str, Observation] = {}
         for call in calls:
@@ -40,7 +41,7 @@ class DurableTools:
         if todo:
             self.executed[conversation_id] = self.executed.get(conversation_id, 0) + len(todo)
             fresh = await self.inner.execute_batch(
-                conversation_id, turn_id, todo, exploration_cap=exploration_cap, timeout_s=timeout_s, catalog=catalog
+                conversation_id, turn_id, todo, exploration_cap=exploration_cap, timeout_s=timeout_s, catalog=catalog, caller=caller
             )
             for obs in fresh:
                 if await self.store.record_tool_result(conversation_id, obs.call_id, _encode(obs)):

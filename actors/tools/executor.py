@@ -21,6 +21,7 @@ from pydantic import BaseModel
 
 from actors.catalog import Catalog, Observation, ToolCall, ToolDecl, Trait, spend_exploration
 from actors.gates import traits_compatible
+from actors.identity import Caller
 from actors.tools.registry import Clock, ToolContext, ToolRegistry, utc_now
 
 MAX_ERROR_MESSAGE = 500
@@ -56,6 +57,7 @@ class LocalToolExecutor:
         exploration_cap: int,
         timeout_s: float,
         catalog: Catalog | None = None,
+        caller: Caller | None = None,
     ) -> list[Observation]:
         if catalog is None:
             catalog = self._registry.catalog()
@@ -66,7 +68,7 @@ class LocalToolExecutor:
             self._admit(conversation_id, call, catalog, accepted, exploration_cap) for call in calls
         ]
         runs = [
-            self._run(conversation_id, turn_id, call, params, timeout_s)
+            self._run(conversation_id, turn_id, call, params, timeout_s, caller)
             for call, params in zip(calls, verdicts, strict=True)
             if isinstance(params, BaseModel)
         ]
@@ -114,6 +116,7 @@ class LocalToolExecutor:
         call: ToolCall,
         params: BaseModel,
         timeout_s: float,
+        caller: Caller | None = None,
     ) -> Observation:
         tool = self._registry.get(call.tool_id)
         assert tool is not None  # admitted calls name registered tools
@@ -124,6 +127,7 @@ class LocalToolExecutor:
             code=call.code,
             workspace=self._workspaces.setdefault(conversation_id, {}),
             clock=self._clock,
+            caller=caller,
         )
         # Per-conversation slot first, then a global one: a conversation queued behind its own
         # cap holds no global slot. The timeout covers the handler, not the queue.

@@ -25,6 +25,7 @@ touching the session the others use.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import sys
 from collections.abc import Mapping
@@ -149,13 +150,15 @@ class McpSessions:
     def runs_on(self, loop: asyncio.AbstractEventLoop) -> bool:
         return self._loop is loop
 
-    async def call(self, server: McpServerConfig, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    async def call(self, server: McpServerConfig, tool: str, arguments: dict[str, Any],
+                   meta: dict[str, Any] | None = None) -> dict[str, Any]:
         """Call a declared `tool` on `server`, starting the server's session if there is none.
 
         The result is always a JSON object, as an observation is one: the tool's
         `structuredContent` when it gives one (an object as is, any other JSON value as
-        `{"result": value}`, as for function tools, docs/design.md#your-tools); otherwise
-        `{"content": [...]}`, one item per content block — a text block as its text, any other
+        `{"result": value}`, as for function tools, docs/design.md#your-tools); else a lone text
+        block holding a JSON object, as that object (MCPServer's way with a dict it has no output
+        schema for); otherwise `{"content": [...]}`, one item per content block — a text block as its text, any other
         block as its MCP JSON without its base64 payload (the model reads text; the bytes of an
         image would only eat its context). Anything else is `McpCallFailed`, whose text is what
         the model should read: the tool's `isError` text, a cut at `call_timeout_s`, a protocol
@@ -168,7 +171,7 @@ class McpSessions:
         deadline = asyncio.timeout(server.call_timeout_s)
         try:
             async with deadline:
-                result = await connection.call_tool(tool, arguments)
+                result = await connection.call_tool(tool, arguments, meta)
         except Exception as exc:
             if isinstance(exc, TimeoutError) and deadline.expired():
                 # The SDK told the server to stop; the session itself is fine.
@@ -335,10 +338,11 @@ class _Connection:
             await self.close()
             raise
 
-    async def call_tool(self, tool: str, arguments: dict[str, Any]) -> types.CallToolResult:
+    async def call_tool(self, tool: str, arguments: dict[str, Any],
+                        meta: dict[str, Any] | None = None) -> types.CallToolResult:
         if self._client is None:
             raise MCPError(types.CONNECTION_CLOSED, self.ended or "the connection closed")
-        return await self._client.call_tool(tool, arguments)
+        return await self._client.call_tool(tool, arguments, meta=meta)  # type: ignore[arg-type]
 
     async def close(self) -> None:
         """Stop the session and wait until its server process is gone (the SDK bounds that wait)."""
@@ -364,14 +368,26 @@ class _Connection:
             self._settled.set()
 
 
+# A stdio command that opens with one of these runs this process's own interpreter: the server's
+# environment is minimal (docs/design.md#mcp-servers), so `python` on its PATH could be any Python,
+# one without the mcp SDK the server imports. Any other command runs as found on PATH.
+OWN_INTERPRETER: Final = frozenset({"python", "python3"})
+
+
+def stdio_command(command: tuple[str, ...]) -> tuple[str, list[str]]:
+    """The program and arguments a stdio server is started with."""
+    program, *args = command
+    return (sys.executable if program in OWN_INTERPRETER else program), args
+
+
 def _client(server: McpServerConfig) -> Client:
     target: Any
     if server.url is not None:
         target = server.url
     else:
         assert server.command is not None   # the config's validator guarantees one of the two
-        params = StdioServerParameters(command=server.command[0], args=list(server.command[1:]),
-                                       env=dict(server.env), cwd=server.cwd)
+        program, args = stdio_command(server.command)
+        params = StdioServerParameters(command=program, args=args, env=dict(server.env), cwd=server.cwd)
         # The server's stderr goes to this process's own: the SDK's default is whatever `sys.stderr`
         # was when it was imported, which may be a stream with no file behind it (a captured one).
         target = stdio_client(params, errlog=sys.__stderr__ or sys.stderr)
@@ -398,7 +414,23 @@ def _result_json(result: types.CallToolResult) -> dict[str, Any]:
     structured = result.structured_content
     if structured is not None:
         return dict(structured) if isinstance(structured, Mapping) else {"result": structured}
+    match result.content:
+        # A tool that returns a dict with no output schema (`-> dict`, or no annotation) is sent by
+        # MCPServer as one text block of JSON and no structuredContent: it is that object again,
+        # not escaped JSON text the model would have to read twice.
+        case [types.TextContent(text=text)] if (found := _json_object(text)) is not None:
+            return found
     return {"content": [_content_json(block) for block in result.content]}
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    if not text.lstrip().startswith("{"):
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _content_json(block: types.ContentBlock) -> Any:

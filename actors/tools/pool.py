@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from actors.catalog import Catalog, Observation, ToolCall
+from actors.identity import Caller
 from actors.store import Store
 from actors.store.base import TOOL_POOL_SCOPE
 from actors.tools.durable import DurableTools
@@ -89,7 +90,7 @@ class ToolPool:
 
     async def execute_batch(
         self, conversation_id: str, turn_id: str, calls: Sequence[ToolCall], *,
-        exploration_cap: int, timeout_s: float, catalog: Catalog | None = None,
+        exploration_cap: int, timeout_s: float, catalog: Catalog | None = None, caller: Caller | None = None,
     ) -> list[Observation]:
         await self._load(conversation_id)
         # A batch re-submitted after a host crash joins the calls still in flight here.
@@ -105,7 +106,7 @@ class ToolPool:
             if fresh:
                 results = await self._durable.execute_batch(
                     conversation_id, turn_id, fresh, exploration_cap=exploration_cap,
-                    timeout_s=timeout_s, catalog=catalog,
+                    timeout_s=timeout_s, catalog=catalog, caller=caller,
                 )
                 await self._save(conversation_id)
                 for obs in results:

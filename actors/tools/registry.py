@@ -17,6 +17,7 @@ import jsonschema  # type: ignore[import-untyped]
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from actors.catalog import Catalog, Safety, ToolDecl, Trait
+from actors.identity import Caller
 
 Clock = Callable[[], datetime]
 
@@ -48,6 +49,9 @@ class ToolContext:
     code: str | None = None  # the code channel, for uses_code tools
     workspace: dict[str, Any] = field(default_factory=dict)  # per conversation, JSON-able
     clock: Clock = utc_now
+    # Who the call serves: the tenant and sub of the message's token and the claims an operator
+    # passes on (REACTGATE_TOOL_CLAIMS). None when nobody authenticated sent it (a test, a bench).
+    caller: Caller | None = None
 
 
 Handler = Callable[[P, ToolContext], Awaitable[dict[str, Any]]]
