@@ -33,6 +33,7 @@ from actors.hosting.backend import (
     UnknownAsk,
     UserMessage,
 )
+from actors.identity import Caller
 from actors.quotas import Quota, QuotaExceeded, Scope
 from gateway.dispatch import dispatch
 from protocol.events import Event
@@ -116,6 +117,7 @@ class Peer:
 
     def __init__(self, owner: Owner = ALICE, max_watched: int = 2) -> None:
         self.owner = owner
+        self.caller = Caller.of(owner)   # what the connection's token lets tools know (gateway/dispatch.py Peer)
         self.trace_parent = None
         self.max_watched = max_watched
         self.watched: dict[str, int] = {}
