@@ -408,16 +408,16 @@ Route = Callable[[GatewayServer, ServerConnection, Request], Response | Awaitabl
 # docs/wire-protocol.md#16-agents-and-the-conversation-list); a key ending in `*` takes every path it
 # begins. Any other path: 404 naming the WebSocket endpoint.
 ROUTES: Final[Mapping[str, Route]] = {
-    #  path                route                           token?
-    "/healthz":         GatewayServer._healthz,        # no   200 ok: the process is up
-    "/readyz":          GatewayServer._readyz,         # no   200 ready (generation …), or 503 not ready: why
-    "/metrics":         GatewayServer._metrics_page,   # no   Prometheus text
-    "/":                GatewayServer._console,        # no   the web console (gateway/static/index.html)
-    "/index.html":      GatewayServer._console,
-    "/static/*":        GatewayServer._static,         # no   the console's assets; 404 for any other name
-    "/agents":          GatewayServer._agents,         # yes  JSON: the agents served, the default
-    "/v1/conversations": GatewayServer._conversations, # yes  JSON: a page of the caller's own conversations
-    WS_PATH:            GatewayServer._handshake,      # yes  None: the WebSocket handshake goes on, unless refused
+    #  path                 route                           token?
+    "/healthz":          GatewayServer._healthz,        # no   200 ok: the process is up
+    "/readyz":           GatewayServer._readyz,         # no   200 ready (generation …), or 503 not ready: why
+    "/metrics":          GatewayServer._metrics_page,   # no   Prometheus text
+    "/":                 GatewayServer._console,        # no   the web console (gateway/static/index.html)
+    "/index.html":       GatewayServer._console,
+    "/static/*":         GatewayServer._static,         # no   the console's assets; 404 for any other name
+    "/agents":           GatewayServer._agents,         # yes  JSON: the agents served, the default
+    "/v1/conversations": GatewayServer._conversations,  # yes  JSON: a page of the caller's own conversations
+    WS_PATH:             GatewayServer._handshake,      # yes  None: the WebSocket handshake goes on, unless refused
 }  # fmt: skip
 
 
