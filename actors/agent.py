@@ -9,11 +9,18 @@ The registry it returns rebuilds itself in any process it is pickled into (a Con
 tool pool): it carries its `ToolSources` — the `impl` strings, the directories to import them from
 and the MCP tools discovered here — not the tools, so every runtime that runs tools loads the same
 tools, and no MCP server is asked again.
+
+`load_agents` loads several (docs/design.md#several-agents): one runtime serves them all, so their
+tools go into one registry — each conversation's gates still see only its own agent's tools. What
+cannot share one process is refused at start-up, naming both files: two agents of one name, one tool
+id or MCP server name meaning two things, two modules of one name beside two profiles.
 """
 
 from __future__ import annotations
 
 import asyncio
+import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -102,3 +109,115 @@ async def load_agent(path: Path | None) -> Agent:
         raise ProfileError("\n".join(problems))
     sources = ToolSources(tuple(functions), search_path, tuple(mcp))
     return Agent(profile, build_registry(sources), sources)
+
+
+@dataclass(frozen=True)
+class Agents:
+    """Several agents, loaded, in the order they were given: one registry holds all their tools."""
+
+    agents: tuple[Agent, ...]
+    registry: ToolRegistry
+    sources: ToolSources
+
+    @property
+    def profiles(self) -> tuple[AgentProfile, ...]:
+        return tuple(agent.profile for agent in self.agents)
+
+
+def profile_paths(paths: Sequence[Path]) -> list[Path]:
+    """Each path a profile, a directory standing for its `*.toml` files (by name); each file once."""
+    found: list[Path] = []
+    seen: set[Path] = set()
+    for path in paths:
+        if path.is_dir():
+            files = sorted(p for p in path.glob("*.toml") if p.is_file())
+            if not files:
+                raise ProfileError(f"{path}: no agent profile (*.toml) in this directory")
+        else:
+            files = [path]
+        for file in files:
+            if file.resolve() not in seen:
+                seen.add(file.resolve())
+                found.append(file)
+    return found
+
+
+async def load_agents(paths: Sequence[Path]) -> Agents:
+    """The profiles at `paths` (files, or directories of them; none: the built-in demo agent), each
+    loaded as `load_agent` loads one, and their tools merged into one registry. Raises ProfileError:
+    every problem of every profile, or what keeps two of them from being served together."""
+    files = profile_paths(paths)
+    clashes = module_clashes(files)  # before any import: the second module of a name would be the first one
+    if clashes:
+        raise ProfileError("\n".join(clashes))
+    loaded: list[tuple[str, Agent]] = []
+    problems: list[str] = []
+    chosen: list[Path | None] = [*files] or [None]
+    for file in chosen:
+        try:
+            loaded.append((str(file) if file is not None else "demo.toml", await load_agent(file)))
+        except ProfileError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise ProfileError("\n".join(problems))
+    names: dict[str, str] = {}
+    for where, agent in loaded:
+        other = names.setdefault(agent.profile.name, where)
+        if other != where:
+            problems.append(f"{other} and {where} both define the agent {agent.profile.name!r}: agent names must be unique")
+    sources = _merged([(where, agent.sources) for where, agent in loaded], problems)
+    if problems:
+        raise ProfileError("\n".join(problems))
+    return Agents(tuple(agent for _, agent in loaded), build_registry(sources), sources)
+
+
+def module_clashes(files: Sequence[Path]) -> list[str]:
+    """Python imports one module per name: two profiles whose `impl` modules of one name sit beside
+    them in two directories would run the first one's tools for both. Read from the files alone,
+    before anything is imported."""
+    providers: dict[str, tuple[Path, Path]] = {}   # module name → (profile, the directory holding it)
+    problems = []
+    for file in files:
+        try:
+            tools = tomllib.loads(file.read_text(encoding="utf-8")).get("tools", [])
+        except (OSError, ValueError):
+            continue  # load_agent reports it, naming the file
+        here = file.resolve().parent
+        for entry in tools if isinstance(tools, list) else []:
+            impl = entry.get("impl") if isinstance(entry, dict) else None
+            top = impl.partition(":")[0].partition(".")[0] if isinstance(impl, str) else ""
+            if not top or not ((here / f"{top}.py").is_file() or (here / top / "__init__.py").is_file()):
+                continue
+            first, where = providers.setdefault(top, (file, here))
+            if where != here:
+                problems.append(f"{first} and {file} each have a module {top!r} beside them, and one process "
+                                f"imports one module of a name: rename one of them")
+    return list(dict.fromkeys(problems))
+
+
+def _merged(named: Sequence[tuple[str, ToolSources]], problems: list[str]) -> ToolSources:
+    """One ToolSources for several agents; a tool id or an MCP server name two of them give different
+    meanings is a problem naming both files."""
+    functions: dict[str, tuple[str, str]] = {}                       # tool id → (impl, profile)
+    servers: dict[str, tuple[McpServerConfig, tuple[McpToolSpec, ...], str]] = {}
+    search_path: dict[str, None] = {}
+    for where, sources in named:
+        search_path.update(dict.fromkeys(sources.search_path))
+        for tool_id, impl in sources.functions:
+            first_impl, first = functions.setdefault(tool_id, (impl, where))
+            if first_impl != impl:
+                problems.append(f"{first} and {where} both define the tool {tool_id!r}, as {first_impl!r} and {impl!r}")
+        for server, specs in sources.mcp:
+            known = servers.setdefault(server.name, (server, specs, where))
+            if (known[0], known[1]) != (server, specs):
+                problems.append(f"{known[2]} and {where} both declare the MCP server {server.name!r}, differently")
+    mcp_ids = {spec.tool_id: name for name, (_, specs, _) in servers.items() for spec in specs}
+    for tool_id, (_, where) in functions.items():
+        if tool_id in mcp_ids:
+            problems.append(f"{where}: the tool {tool_id!r} is also a tool of the MCP server {mcp_ids[tool_id]!r} "
+                            f"of {servers[mcp_ids[tool_id]][2]}")
+    return ToolSources(
+        tuple((tool_id, impl) for tool_id, (impl, _) in functions.items()),
+        tuple(search_path),
+        tuple((server, specs) for server, specs, _ in servers.values()),
+    )

@@ -207,6 +207,9 @@ class AgentProfile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: Name
+    # What GET /agents and the console show of the agent (docs/design.md#several-agents); unset, the
+    # first line of its instructions.
+    description: str | None = None
     model: Name
     decision: Decision = "channels"
     fallbacks: tuple[Name, ...] = ()
@@ -283,6 +286,14 @@ class AgentProfile(BaseModel):
         return out
 
     # -- what the runtime reads ----------------------------------------------------------------
+
+    @property
+    def summary(self) -> str:
+        """The description GET /agents lists: `description`, else the first line of the instructions, else ""."""
+        if self.description is not None:
+            return self.description.strip()
+        lines = (self.instructions or "").strip().splitlines()
+        return lines[0].strip() if lines else ""
 
     @property
     def models(self) -> tuple[str, ...]:

@@ -66,6 +66,7 @@ from protocol.frames import (
     ClientFrame,
     CloseCode,
     CommandFrame,
+    ConversationsFrame,
     DeleteFrame,
     ErrorCode,
     ErrorFrame,
@@ -450,8 +451,8 @@ class ClientSession:
                 self._on_error(frame)
             case ExportCompleted():
                 self._on_export_completed(frame)
-            case Pong():
-                pass
+            case Pong() | ConversationsFrame():
+                pass  # a `list` is no conversation's: whoever sent it reads the reply
 
     # -- commands: each returns its frame id -----------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""`reactgate agent check PROFILE.toml`: load a profile exactly as `serve` does — tools imported, MCP
+"""`reactgate agent check PROFILE.toml…`: load a profile exactly as `serve` does — tools imported, MCP
 servers started and asked for their tools — and show what its gates will see, per state
 (docs/design.md#agent-check).
 
@@ -6,6 +6,8 @@ Exit 0 with a table per state, or 2 with every problem found, each naming the pr
 Warnings — what would make every call of a model fail, or a setting its provider does not take — are
 printed and listed in `--json`, and leave the exit code alone. `--probe` calls each model once,
 through `stream_model` as a turn would, and says what came back; exit 1 when a model failed.
+Several profiles (or directories of them) are each checked, then together as `serve` would serve
+them (docs/design.md#several-agents); the worst exit code of them all.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import aclosing
 from pathlib import Path
 from typing import Any, Final
@@ -120,33 +122,72 @@ def probe_line(result: Mapping[str, Any]) -> str:
     return f"probe {result['model']}: failed: {result['kind']}: {result['message']}"
 
 
-def check(path: Path, as_json: bool = False, *, run_probe: bool = False,
+def check(paths: Path | Sequence[Path], as_json: bool = False, *, run_probe: bool = False,
           environ: Mapping[str, str] | None = None) -> int:
+    """Check each profile; with several, also whether they can be served together. One profile's
+    --json is one object; several's, a list of them (then `together` if that failed)."""
+    from actors.agent import load_agents, module_clashes, profile_paths
+    from actors.profile import ProfileError
+
+    try:
+        files = profile_paths([paths] if isinstance(paths, Path) else paths)
+    except ProfileError as exc:
+        return _problems("profiles", str(exc).splitlines(), as_json)
+    if len(files) == 1:
+        return _check(files[0], as_json, run_probe=run_probe, environ=environ)
+    reports: list[dict[str, Any]] = []
+    clashes = module_clashes(files)
+    if clashes:  # importing them one after the other would check the wrong module
+        codes = [_problems("together", clashes, as_json, reports)]
+    else:
+        codes = [_check(path, as_json, run_probe=run_probe, environ=environ, reports=reports) for path in files]
+        if EXIT_PROBLEMS not in codes:
+            try:
+                asyncio.run(load_agents(files))
+            except ProfileError as exc:  # each is fine alone: two agents' names, tools or modules collide
+                codes.append(_problems("together", str(exc).splitlines(), as_json, reports))
+    if as_json:
+        print(json.dumps(reports, indent=2))
+    return max(codes)  # EXIT_PROBLEMS over EXIT_PROBE_FAILED over EXIT_OK
+
+
+def _problems(where: str, problems: list[str], as_json: bool, reports: list[dict[str, Any]] | None = None) -> int:
+    if as_json:
+        report = {"ok": False, "profile": where, "problems": problems}
+        if reports is None:
+            print(json.dumps(report, indent=2))
+        else:
+            reports.append(report)
+    else:
+        print(f"{where}: {len(problems)} problem(s)", file=sys.stderr)
+        for line in problems:
+            print(f"  {line}", file=sys.stderr)
+    return EXIT_PROBLEMS
+
+
+def _check(path: Path, as_json: bool = False, *, run_probe: bool = False,
+           environ: Mapping[str, str] | None = None, reports: list[dict[str, Any]] | None = None) -> int:
     from actors.agent import load_agent
     from actors.profile import ProfileError
 
     try:
         agent = asyncio.run(load_agent(path))
     except ProfileError as exc:
-        problems = str(exc).splitlines()
-        if as_json:
-            print(json.dumps({"ok": False, "profile": str(path), "problems": problems}, indent=2))
-        else:
-            print(f"{path}: {len(problems)} problem(s)", file=sys.stderr)
-            for line in problems:
-                print(f"  {line}", file=sys.stderr)
-        return EXIT_PROBLEMS
+        return _problems(str(path), str(exc).splitlines(), as_json, reports)
     rows = tool_rows(agent)
     profile = agent.profile
     warnings = model_warnings(profile, path.name, os.environ if environ is None else environ)
     probes = asyncio.run(probe_all(profile)) if run_probe else []
     status = EXIT_PROBE_FAILED if any(not p["ok"] for p in probes) else EXIT_OK
     if as_json:
-        print(json.dumps({"ok": True, "profile": str(path), "agent": profile.name, "model": profile.model,
-                          "decision": profile.decision, "fallbacks": list(profile.fallbacks),
-                          "states": list(profile.states), "tools": rows, "warnings": warnings,
-                          **({"probes": probes} if run_probe else {})},
-                         indent=2))
+        report = {"ok": True, "profile": str(path), "agent": profile.name, "model": profile.model,
+                  "decision": profile.decision, "fallbacks": list(profile.fallbacks),
+                  "states": list(profile.states), "tools": rows, "warnings": warnings,
+                  **({"probes": probes} if run_probe else {})}
+        if reports is None:
+            print(json.dumps(report, indent=2))
+        else:
+            reports.append(report)
         return status
     _print_tables(path, profile, rows)
     if warnings:

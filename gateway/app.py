@@ -1,4 +1,4 @@
-"""Assembly: settings in, a ready backend out — the agent profile, its model, tools, store, hosting.
+"""Assembly: settings in, a ready backend out — the agent profiles, their models, tools, store, hosting.
 
 Everything `reactgate serve` needs is decided here, at start-up, so that a bad profile, a bad
 script or an unusable store is a clear error before the port opens (docs/design.md#profiles).
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from actors import tracing
-from actors.agent import load_agent
+from actors.agent import load_agents
 from actors.conversation import Runtime
 from actors.hosting.backend import Backend
 from actors.llm.scripts import load_script, register_script
@@ -41,27 +41,41 @@ class StartupError(Exception):
 
 @dataclass(frozen=True)
 class AgentSetup:
-    profile: AgentProfile
-    registry: ToolRegistry
+    profile: AgentProfile      # the default agent: `open` without `agent` creates a conversation of it
+    registry: ToolRegistry     # the tools of every agent served
     script_path: Path | None   # registered in every process that plays it (Ray workers too)
+    others: tuple[AgentProfile, ...] = ()  # the other agents served, in their configuration's order
+
+    @property
+    def profiles(self) -> dict[str, AgentProfile]:
+        """Every agent served, by name, the default first."""
+        return {p.name: p for p in (self.profile, *self.others)}
 
 
 def agent_setup(settings: Settings) -> AgentSetup:
-    """The agent, loaded as `reactgate agent check` loads it: its tools imported, its MCP servers
-    asked for their tools (docs/design.md#your-own-agent)."""
+    """The agents, each loaded as `reactgate agent check` loads it: its tools imported, its MCP servers
+    asked for their tools (docs/design.md#your-own-agent, docs/design.md#several-agents). `--model`
+    and `--script` apply to every one of them."""
     try:
-        agent = _run(load_agent(Path(settings.agent) if settings.agent else None))
+        agents = _run(load_agents(settings.agent))
     except ValueError as exc:  # ProfileError names the file and the field
         raise StartupError(str(exc)) from None
-    profile, registry = agent.profile, agent.registry
+    profiles = list(agents.profiles)
     if settings.model:
-        profile = profile.with_model(settings.model)
+        profiles = [profile.with_model(settings.model) for profile in profiles]
     script_path = None
     if settings.script:
         script_path = Path(settings.script).resolve()
         register_playback(script_path)
-        profile = profile.with_script(SERVE_SCRIPT_NAME)
-    return AgentSetup(profile, registry, script_path)
+        profiles = [profile.with_script(SERVE_SCRIPT_NAME) for profile in profiles]
+    default = profiles[0]
+    if settings.default_agent is not None:
+        chosen = [p for p in profiles if p.name == settings.default_agent]
+        if not chosen:
+            raise StartupError(f"default agent {settings.default_agent!r} is not one of the agents served: "
+                               + ", ".join(p.name for p in profiles))
+        default = chosen[0]
+    return AgentSetup(default, agents.registry, script_path, tuple(p for p in profiles if p is not default))
 
 
 def _run(work: Coroutine[Any, Any, T]) -> T:
@@ -93,8 +107,7 @@ def local_backend(settings: Settings, setup: AgentSetup) -> Backend:
         quotas=quota_limits(settings),
     )
     return LocalBackend(
-        store, runtime, {setup.profile.name: setup.profile},
-        default_agent=setup.profile.name, idle_ttl_s=settings.idle_ttl_s,
+        store, runtime, setup.profiles, default_agent=setup.profile.name, idle_ttl_s=settings.idle_ttl_s,
     )
 
 
@@ -104,7 +117,7 @@ def ray_config(settings: Settings, setup: AgentSetup) -> RayConfig:
     return RayConfig(
         store_url=settings.store,
         registry=setup.registry,
-        profiles={setup.profile.name: setup.profile},
+        profiles=setup.profiles,  # each one in the generation (docs/design.md#generations)
         scripts={SERVE_SCRIPT_NAME: str(setup.script_path)} if setup.script_path else {},
         idle_ttl_s=settings.idle_ttl_s,
         quotas=quota_limits(settings),

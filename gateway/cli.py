@@ -56,7 +56,10 @@ def _serve_parser(subparsers: Subparsers, name: str) -> argparse.ArgumentParser:
     serve.add_argument("--host", help="bind address (default 127.0.0.1; anything else needs an auth secret)")
     serve.add_argument("--port", type=int, help="port (default 8765; 0 picks a free one)")
     serve.add_argument("--backend", choices=["ray", "local"], help="hosting backend (default ray)")
-    serve.add_argument("--agent", help="agent profile TOML (default: the built-in demo agent)")
+    serve.add_argument("--agent", action="append", metavar="PROFILE.toml|DIR",
+                       help="an agent profile TOML, or a directory of them; repeat to serve several, the first "
+                       "being the default (default: the built-in demo agent)")
+    serve.add_argument("--default-agent", metavar="NAME", help="the agent of `open` without one (default: the first)")
     serve.add_argument("--script", help="play this scripted-model JSON instead of the profile's model")
     serve.add_argument("--model", help="LiteLLM model string serving the agent (provider key from the environment)")
     serve.add_argument("--store", help="sqlite:///PATH (default ./data/reactgate.sqlite3) or postgresql://...")
@@ -66,7 +69,8 @@ def _serve_parser(subparsers: Subparsers, name: str) -> argparse.ArgumentParser:
 
 
 # The flags of `serve` that override a setting (README.md#configuration); unset, the setting stands.
-SERVE_SETTINGS: Final = ("host", "port", "backend", "agent", "script", "model", "store", "ray_address", "auth_secret")
+SERVE_SETTINGS: Final = ("host", "port", "backend", "agent", "default_agent", "script", "model", "store", "ray_address",
+                         "auth_secret")
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -222,7 +226,8 @@ def _agent_check_parser(subparsers: Subparsers, name: str) -> argparse.ArgumentP
     check = subparsers.add_parser(
         name, help="load a profile as serve would (tools imported, MCP servers started) and print its tools per state",
     )
-    check.add_argument("profile", help="agent profile TOML")
+    check.add_argument("profile", nargs="+", help="agent profile TOML, or a directory of them; several are each "
+                       "checked, then together")
     check.add_argument("--json", action="store_true", help="print JSON instead of tables")
     check.add_argument("--probe", action="store_true",
                        help="call each model once, as a turn would, and say what came back (exit 1 if one fails)")
@@ -232,7 +237,7 @@ def _agent_check_parser(subparsers: Subparsers, name: str) -> argparse.ArgumentP
 def _agent_check(args: argparse.Namespace) -> int:
     from gateway.agent_check import check
 
-    return check(Path(args.profile), as_json=args.json, run_probe=args.probe)
+    return check([Path(p) for p in args.profile], as_json=args.json, run_probe=args.probe)
 
 
 # -- replay ---------------------------------------------------------------------------------------
@@ -261,6 +266,32 @@ def _replay(args: argparse.Namespace) -> int:
     return run(args)
 
 
+# -- conversations --------------------------------------------------------------------------------
+
+
+def _conversations_parser(subparsers: Subparsers, name: str) -> argparse.ArgumentParser:
+    listing = subparsers.add_parser(
+        name,
+        help="list conversations from the store, most recently active first: one owner's, or everyone's",
+        description="The conversation list a caller gets from `list` or GET /v1/conversations, for operators, "
+        "read from the store: one owner's (--tenant and --sub) or everyone's, newest activity first, a page at "
+        "a time (--before the cursor the previous page printed). Ids go on to `reactgate replay`.",
+    )
+    listing.add_argument("--store", required=True, help="sqlite:///PATH or postgresql://...")
+    listing.add_argument("--tenant", help="the owner's tenant (with --sub)")
+    listing.add_argument("--sub", help="the owner's sub (with --tenant)")
+    listing.add_argument("--limit", type=int, default=50, help="conversations per page (default 50, at most 1000)")
+    listing.add_argument("--before", metavar="CURSOR", help="the next page after the one that printed this cursor")
+    listing.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
+    return listing
+
+
+def _conversations(args: argparse.Namespace) -> int:
+    from gateway.conversations_command import run
+
+    return run(args)
+
+
 # -- the table ------------------------------------------------------------------------------------
 
 GROUPS: Final[Mapping[str, str]] = {"agent": "work with agent profiles"}
@@ -269,13 +300,14 @@ GROUPS: Final[Mapping[str, str]] = {"agent": "work with agent profiles"}
 # parser of its arguments, what runs it. Parsing imports nothing beyond argparse; each run imports
 # what it needs.
 SUBCOMMANDS: Final[Mapping[str, tuple[AddParser, Run]]] = {
-    #  reactgate …   parser                run
-    "serve":       (_serve_parser,       _serve),
-    "chat":        (_chat_parser,        _chat),
-    "mock-llm":    (_mock_llm_parser,    _mock_llm),
-    "loadtest":    (_loadtest_parser,    _loadtest),
-    "agent check": (_agent_check_parser, _agent_check),
-    "replay":      (_replay_parser,      _replay),
+    #  reactgate …     parser                  run
+    "serve":         (_serve_parser,         _serve),
+    "chat":          (_chat_parser,          _chat),
+    "mock-llm":      (_mock_llm_parser,      _mock_llm),
+    "loadtest":      (_loadtest_parser,      _loadtest),
+    "agent check":   (_agent_check_parser,   _agent_check),
+    "replay":        (_replay_parser,        _replay),
+    "conversations": (_conversations_parser, _conversations),
 }  # fmt: skip
 
 

@@ -23,6 +23,7 @@ from websockets.exceptions import ConnectionClosed
 
 from actors import tracing
 from actors.hosting.backend import (
+    AgentNotServed,
     Answer,
     Backend,
     Cancel,
@@ -46,10 +47,13 @@ from protocol.frames import (
     CancelFrame,
     ClientFrame,
     CommandFrame,
+    ConversationsFrame,
     DeleteFrame,
     ErrorCode,
     ErrorFrame,
     ExportFrame,
+    InvalidCursor,
+    ListFrame,
     Open,
     Ping,
     Pong,
@@ -162,6 +166,11 @@ async def _export(frame: ExportFrame, peer: Peer, backend: Backend) -> None:
     peer.export(frame.id, frame.conversation_id, export)  # after the ack, on the same queue (docs/wire-protocol.md#export)
 
 
+async def _list(frame: ListFrame, peer: Peer, backend: Backend) -> None:
+    page = await backend.list_conversations(peer.owner, frame.limit, frame.before)
+    peer.send(ConversationsFrame(id=frame.id, conversations=page.conversations, next_before=page.next_before))
+
+
 Handler = Callable[[Any, Peer, Backend], Awaitable[None]]
 
 # Every frame that names a conversation reaches a backend call that checks its owner (`forbidden`
@@ -179,6 +188,7 @@ HANDLERS: Final[Mapping[type[ClientFrame], Handler]] = {
     CancelFrame:      _command,       # command → ack
     DeleteFrame:      _delete,        # delete → ack accepted | duplicate
     ExportFrame:      _export,        # export → ack last_seq, the events, export.completed
+    ListFrame:        _list,          # conversations (the caller's own, by the store) → conversations
 }  # fmt: skip
 
 
@@ -201,7 +211,7 @@ def quota_error(refused: QuotaExceeded, frame_id: str | None = None, conversatio
 
 
 def _conversation(frame: ClientFrame) -> str | None:
-    return None if isinstance(frame, Ping) else frame.conversation_id
+    return None if isinstance(frame, Ping | ListFrame) else frame.conversation_id
 
 
 def _forbidden(exc: Forbidden, frame: ClientFrame) -> ErrorFrame:
@@ -212,6 +222,14 @@ def _forbidden(exc: Forbidden, frame: ClientFrame) -> ErrorFrame:
 def _unknown_agent(exc: UnknownAgent, frame: ClientFrame) -> ErrorFrame:
     agent = frame.agent if isinstance(frame, Open) else None
     return ErrorFrame(code=ErrorCode.NOT_FOUND, message=f"unknown agent {agent!r}" if agent else str(exc), id=frame.id)
+
+
+def _not_served(exc: AgentNotServed, frame: ClientFrame) -> ErrorFrame:
+    return ErrorFrame(code=ErrorCode.NOT_FOUND, message=str(exc), id=frame.id, conversation_id=_conversation(frame))
+
+
+def _bad_cursor(exc: InvalidCursor, frame: ClientFrame) -> ErrorFrame:
+    return ErrorFrame(code=ErrorCode.BAD_REQUEST, message=str(exc), id=frame.id)
 
 
 def _no_question(exc: UnknownAsk, frame: ClientFrame) -> ErrorFrame:
@@ -243,6 +261,8 @@ REFUSALS: Final[Mapping[type[Exception], Refusal]] = {
     #  raised                refusal          on the wire
     Forbidden:             _forbidden,      # forbidden, the same whether or not the conversation exists
     UnknownAgent:          _unknown_agent,  # not_found: unknown agent 'x' (open only)
+    AgentNotServed:        _not_served,     # not_found: unknown agent 'x': this conversation's agent is not served here
+    InvalidCursor:         _bad_cursor,     # bad_request: before: not a cursor of this server
     UnknownAsk:            _no_question,    # not_found: no question is waiting for this ask_id
     QuotaExceeded:         _over_quota,     # quota_exceeded with quota, scope, resets_at
     ConfigurationReplaced: _replaced,       # nothing: the replica drains, 1012 follows

@@ -32,12 +32,15 @@ import mimetypes
 import re
 import signal
 import time
+import uuid
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any, Final
+from urllib.parse import parse_qs
 
+import msgspec
 from opentelemetry.context import Context
 from prometheus_client import CONTENT_TYPE_LATEST
 from websockets.asyncio.server import Server, ServerConnection, serve
@@ -57,11 +60,13 @@ from gateway.origins import OriginPolicy
 from gateway.session import Session
 from gateway.settings import Settings, check_bind
 from protocol.frames import (
+    LIST_LIMIT_MAX,
     SUBPROTOCOL,
     WS_PATH,
     CloseCode,
     ErrorCode,
     FrameError,
+    InvalidCursor,
     decode_client_frame,
     encode_frame,
     recover_id,
@@ -85,6 +90,8 @@ PLACEHOLDER_PAGE = (
     b"Health: <a href=/healthz>/healthz</a> <a href=/readyz>/readyz</a> <a href=/metrics>/metrics</a>.</p>"
 )
 BINARY_MESSAGE = "binary frames are not accepted: send JSON text frames"
+LIST_LIMIT_DEFAULT: Final = 20   # GET /v1/conversations without ?limit= (docs/wire-protocol.md#get-v1conversations)
+_json: Final = msgspec.json.Encoder()
 
 
 class GatewayServer:
@@ -216,9 +223,9 @@ class GatewayServer:
 
     # -- HTTP on the same port: routed by `ROUTES` (below the class) ---------------------------
 
-    def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
-        """Every request, before any WebSocket: its route's response, or None to go on with the
-        WebSocket handshake."""
+    def _process_request(self, connection: ServerConnection, request: Request) -> Response | Awaitable[Response] | None:
+        """Every request, before any WebSocket: its route's response (awaited by websockets when the
+        route reads the store), or None to go on with the WebSocket handshake."""
         return route(_path(request))(self, connection, request)
 
     def _healthz(self, connection: ServerConnection, request: Request) -> Response:
@@ -258,19 +265,58 @@ class GatewayServer:
         Else the caller is kept for `_handle_connection` and the handshake goes on (subprotocol negotiation)."""
         if self._draining:
             return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "draining: reconnect to another replica\n")
+        caller = self._caller(connection, request)
+        if isinstance(caller, Response):
+            return caller
+        self._callers[connection] = caller
+        return None
+
+    def _caller(self, connection: ServerConnection, request: Request) -> Authenticated | Response:
+        """Who is asking, by the handshake's rules, for /ws and the HTTP endpoints behind a token
+        (docs/wire-protocol.md#16-agents-and-the-conversation-list): 403 for a browser page from an
+        origin not allowed, 401 without a valid token."""
         origins = request.headers.get_all("Origin")
         if not self._origins.allows(origins, request.headers.get("Host")):
             self.metrics.connections_refused.labels("origin").inc()
             # the Origin only (the client's choice, repr-escaped and cut short), never a token
-            log.warning("refused a WebSocket handshake from origin %.200r", ", ".join(origins))
+            what = "a WebSocket handshake" if _path(request) == WS_PATH else f"a request for {_path(request)}"  # a ROUTES key
+            log.warning("refused %s from origin %.200r", what, ", ".join(origins))
             return connection.respond(HTTPStatus.FORBIDDEN, "forbidden: origin not allowed\n")
         try:
-            caller = authenticate(request.headers, request.path.partition("?")[2], self._verifier)
+            return authenticate(request.headers, request.path.partition("?")[2], self._verifier)
         except Unauthorized as exc:
             self.metrics.connections_refused.labels("unauthorized").inc()
             return connection.respond(HTTPStatus.UNAUTHORIZED, f"unauthorized: {exc}\n")
-        self._callers[connection] = caller
-        return None
+
+    def _agents(self, connection: ServerConnection, request: Request) -> Response:
+        """The agents served and the default one (docs/wire-protocol.md#get-agents)."""
+        caller = self._caller(connection, request)
+        if isinstance(caller, Response):
+            return caller
+        return _json_response(request, _json.encode(self.backend.agents()))
+
+    async def _conversations(self, connection: ServerConnection, request: Request) -> Response:
+        """A page of the caller's own conversations (docs/wire-protocol.md#get-v1conversations)."""
+        caller = self._caller(connection, request)
+        if isinstance(caller, Response):
+            return caller
+        if not self._backend_started:
+            return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "not ready: backend not started\n")
+        query = parse_qs(request.path.partition("?")[2])
+        limits, befores = query.get("limit", [str(LIST_LIMIT_DEFAULT)]), query.get("before")
+        limit = int(limits[-1]) if limits[-1].isdecimal() else 0
+        if not 1 <= limit <= LIST_LIMIT_MAX:
+            return connection.respond(HTTPStatus.BAD_REQUEST,
+                                      f"bad request: limit must be an integer from 1 to {LIST_LIMIT_MAX}\n")
+        try:
+            page = await self.backend.list_conversations(caller.owner, limit, befores[-1] if befores else None)
+        except InvalidCursor as exc:
+            return connection.respond(HTTPStatus.BAD_REQUEST, f"bad request: {exc}\n")
+        except Exception:
+            ref = uuid.uuid4().hex[:12]  # as an `internal` error frame: the details only in the log
+            log.exception("listing conversations failed (ref %s)", ref)
+            return connection.respond(HTTPStatus.INTERNAL_SERVER_ERROR, f"internal error (ref {ref})\n")
+        return _json_response(request, _json.encode(page))
 
     # -- WebSocket ----------------------------------------------------------------------------
 
@@ -356,20 +402,22 @@ class GatewayServer:
         return False
 
 
-Route = Callable[[GatewayServer, ServerConnection, Request], Response | None]
+Route = Callable[[GatewayServer, ServerConnection, Request], Response | Awaitable[Response] | None]
 
-# The paths served on the WebSocket's port (docs/wire-protocol.md#12-http-endpoints-on-the-same-port),
-# none of them behind a token; a key ending in `*` takes every path it begins. Any other path: 404
-# naming the WebSocket endpoint.
+# The paths served on the WebSocket's port (docs/wire-protocol.md#12-http-endpoints-on-the-same-port,
+# docs/wire-protocol.md#16-agents-and-the-conversation-list); a key ending in `*` takes every path it
+# begins. Any other path: 404 naming the WebSocket endpoint.
 ROUTES: Final[Mapping[str, Route]] = {
-    #  path           route
-    "/healthz":    GatewayServer._healthz,       # 200 ok: the process is up
-    "/readyz":     GatewayServer._readyz,        # 200 ready (generation …), or 503 not ready: why
-    "/metrics":    GatewayServer._metrics_page,  # Prometheus text
-    "/":           GatewayServer._console,       # the web console (gateway/static/index.html)
-    "/index.html": GatewayServer._console,
-    "/static/*":   GatewayServer._static,        # the console's assets; 404 for any other name
-    WS_PATH:       GatewayServer._handshake,     # None: the WebSocket handshake goes on, unless refused
+    #  path                 route                           token?
+    "/healthz":          GatewayServer._healthz,        # no   200 ok: the process is up
+    "/readyz":           GatewayServer._readyz,         # no   200 ready (generation …), or 503 not ready: why
+    "/metrics":          GatewayServer._metrics_page,   # no   Prometheus text
+    "/":                 GatewayServer._console,        # no   the web console (gateway/static/index.html)
+    "/index.html":       GatewayServer._console,
+    "/static/*":         GatewayServer._static,         # no   the console's assets; 404 for any other name
+    "/agents":           GatewayServer._agents,         # yes  JSON: the agents served, the default
+    "/v1/conversations": GatewayServer._conversations,  # yes  JSON: a page of the caller's own conversations
+    WS_PATH:             GatewayServer._handshake,      # yes  None: the WebSocket handshake goes on, unless refused
 }  # fmt: skip
 
 
@@ -396,16 +444,25 @@ def _upgrade_trace(request: Request | None) -> Context | None:
     return tracing.parent({"traceparent": parents[0], "tracestate": ",".join(request.headers.get_all("tracestate"))})
 
 
-def _response(status: HTTPStatus, body: bytes, content_type: str) -> Response:
+def _response(status: HTTPStatus, body: bytes, content_type: str, extra: list[tuple[str, str]] | None = None) -> Response:
     headers = Headers(
         [
             ("Content-Type", content_type),
             ("Content-Length", str(len(body))),
             ("Cache-Control", "no-store"),
             ("Connection", "close"),
+            *(extra or []),
         ]
     )
     return Response(status.value, status.phrase, headers, body)
+
+
+def _json_response(request: Request, body: bytes) -> Response:
+    """200 JSON. A page of another origin got here only if that origin may connect (`_caller`): it
+    is told it may read the answer too."""
+    origins = request.headers.get_all("Origin")
+    cors = [("Access-Control-Allow-Origin", origins[0]), ("Vary", "Origin")] if len(origins) == 1 else []
+    return _response(HTTPStatus.OK, body, "application/json", cors)
 
 
 async def run(settings: Settings, backend: Backend) -> None:

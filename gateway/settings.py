@@ -19,7 +19,11 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8765, ge=0, le=65535)
     backend: Literal["ray", "local"] = "ray"
-    agent: Path | None = None
+    # The agents served (docs/design.md#several-agents): profile files, or directories of `*.toml`
+    # profiles, in order — REACTGATE_AGENT=a.toml,b.toml or a directory; none, the built-in demo.
+    # The first agent is the default (of `open` without `agent`) unless `default_agent` names one.
+    agent: Annotated[tuple[Path, ...], NoDecode] = ()
+    default_agent: str | None = None
     script: Path | None = None
     model: str | None = None
     store: str = "sqlite:///./data/reactgate.sqlite3"
@@ -54,6 +58,15 @@ class Settings(BaseSettings):
     def _comma_separated(cls, value: object) -> object:
         if isinstance(value, str):
             return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("agent", mode="before")
+    @classmethod
+    def _paths(cls, value: object) -> object:
+        if isinstance(value, Path):
+            return (value,)
+        if isinstance(value, str):
+            return tuple(Path(part.strip()) for part in value.split(",") if part.strip())
         return value
 
     @property

@@ -13,6 +13,9 @@ another struct. Clients decode an event frame straight into the same typed `Even
 
 from __future__ import annotations
 
+import base64
+import binascii
+import math
 from enum import IntEnum, StrEnum
 from typing import Annotated, Any, Final, Literal
 
@@ -45,7 +48,8 @@ ERROR_CODES: Final[dict[ErrorCode, str]] = {
     "the connection stays open (10 in a row close it with 1008)",
     ErrorCode.UNAUTHORIZED: "missing, invalid or expired JWT: the handshake is refused with HTTP 401",
     ErrorCode.FORBIDDEN: "the caller does not own the conversation (same reply whether or not it exists)",
-    ErrorCode.NOT_FOUND: "`open` named an agent profile the server does not serve",
+    ErrorCode.NOT_FOUND: "`open` named an agent profile the server does not serve, or the conversation's agent is "
+    "not served any more",
     ErrorCode.RATE_LIMITED: "the connection's token bucket is empty; the frame was not processed",
     ErrorCode.TOO_LARGE: "a frame over max_frame_bytes: the connection is closed with 1009",
     ErrorCode.SLOW_CONSUMER: "the send queue overflowed: the conversation's subscription is paused; "
@@ -148,6 +152,18 @@ class ExportFrame(_ClientFrame, tag="export", frozen=True):
     conversation_id: ConversationId
 
 
+LIST_LIMIT_MAX: Final = 100
+CURSOR_MAX_CHARS: Final = 512  # room for the cursor of any server-generated id (docs/wire-protocol.md#2-frames)
+
+
+class ListFrame(_ClientFrame, tag="list", frozen=True):
+    """A page of the caller's own conversations, newest activity first (docs/wire-protocol.md#list):
+    `before` is the `next_before` of the previous page."""
+
+    limit: Annotated[int, msgspec.Meta(ge=1, le=LIST_LIMIT_MAX)]
+    before: Annotated[str, msgspec.Meta(min_length=1, max_length=CURSOR_MAX_CHARS)] | None = None
+
+
 ClientFrame = (
     Open
     | Subscribe
@@ -160,11 +176,12 @@ ClientFrame = (
     | Ping
     | DeleteFrame
     | ExportFrame
+    | ListFrame
 )
 CommandFrame = UserMessageFrame | SteerFrame | AnswerFrame | SetModeFrame | CancelFrame
 CLIENT_FRAME_TYPES: Final[tuple[str, ...]] = (
     "open", "subscribe", "unsubscribe", "user_message", "steer", "answer", "set_mode", "cancel", "ping",
-    "delete", "export",
+    "delete", "export", "list",
 )
 
 
@@ -272,11 +289,95 @@ class ExportCompleted(_ServerFrame, tag="export.completed", frozen=True):
     last_seq: int                   # the head the export covers (its ack's last_seq)
 
 
-ServerFrame = Ack | ErrorFrame | Pong | ExportCompleted
-ReceivedFrame = Ack | ErrorFrame | Event | Pong | ExportCompleted
+# -- the conversation list and the agents (docs/wire-protocol.md#16-agents-and-the-conversation-list) --
+
+TITLE_MAX_CHARS: Final = 80
+
+
+class ConversationEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """One conversation of a list page: the same fields for the `list` frame, GET /v1/conversations and
+    `reactgate conversations`."""
+
+    conversation_id: str
+    agent: str
+    created_at: float               # unix seconds
+    last_active_at: float           # the last accepted message, steer or answer, or the end of the last turn
+    last_seq: int
+    title: str                      # the first user message, cut (`title_of`); "" before the first one
+    running: bool                   # a turn is running, paused on ask_user, or queued
+
+
+class ConversationPage(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """The body of GET /v1/conversations: a page, and the cursor of the next one (none on the last)."""
+
+    conversations: list[ConversationEntry]
+    next_before: str | None = None
+
+
+class ConversationsFrame(_ServerFrame, tag="conversations", frozen=True):
+    """The reply to `list`: its own frame type, like `export.completed` (docs/wire-protocol.md#conversations)."""
+
+    id: str
+    conversations: list[ConversationEntry]
+    next_before: str | None = None  # omitted on the last page
+
+
+class AgentEntry(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    description: str
+
+
+class AgentList(msgspec.Struct, frozen=True, kw_only=True):
+    """The body of GET /agents: every agent the gateway serves (the default first, then the others in
+    their configuration's order), and the one `open` without `agent` creates a conversation of."""
+
+    default: str
+    agents: list[AgentEntry]
+
+
+def title_of(text: str) -> str:
+    """A conversation's title from its first user message: whitespace folded to single spaces, cut
+    to TITLE_MAX_CHARS characters (the last one an ellipsis when cut)."""
+    folded = " ".join(text.split())
+    return folded if len(folded) <= TITLE_MAX_CHARS else folded[: TITLE_MAX_CHARS - 1] + "…"
+
+
+class InvalidCursor(ValueError):
+    """A `before` that no page of this protocol gave out: the request is refused (`bad_request`)."""
+
+
+Cursor = tuple[float, str]  # (last_active_at, conversation_id) of the last entry of a page: where the next one starts
+
+_cursor_encoder: Final = msgspec.json.Encoder()
+_cursor_decoder: Final = msgspec.json.Decoder(tuple[float, str])
+
+
+def encode_cursor(entry: ConversationEntry) -> str:
+    """The opaque `next_before` after `entry`: a keyset position, not an offset, so a page never
+    repeats an entry of the one before, however the list changed in between."""
+    raw = _cursor_encoder.encode((entry.last_active_at, entry.conversation_id))
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def decode_cursor(text: str) -> Cursor:
+    """The position a `before` names. Raises InvalidCursor. A position is only ever compared within
+    the caller's own conversations, so a forged one shows nothing of anyone else's."""
+    try:
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        at, conversation_id = _cursor_decoder.decode(raw)
+    except (binascii.Error, ValueError, msgspec.DecodeError, msgspec.ValidationError):
+        raise InvalidCursor("before: not a cursor of this server (pass a page's next_before)") from None
+    if not math.isfinite(at) or not conversation_id:
+        raise InvalidCursor("before: not a cursor of this server (pass a page's next_before)")
+    return at, conversation_id
+
+
+ServerFrame = Ack | ErrorFrame | Pong | ExportCompleted | ConversationsFrame
+ReceivedFrame = Ack | ErrorFrame | Event | Pong | ExportCompleted | ConversationsFrame
 
 _encoder: Final = msgspec.json.Encoder()
-_server_decoder: Final = msgspec.json.Decoder(Ack | ErrorFrame | EventFrame | Pong | ExportCompleted)
+_server_decoder: Final = msgspec.json.Decoder(
+    Ack | ErrorFrame | EventFrame | Pong | ExportCompleted | ConversationsFrame)
 _EVENT_PREFIX: Final = b'{"type":"event",'
 
 
@@ -297,7 +398,7 @@ def decode_server_frame(data: bytes | str) -> ReceivedFrame:
     """For clients: one decoder for everything the gateway sends; an event comes out typed (or, when
     its data does not fit its kind, as plain data: its seq still counts). Raises msgspec.DecodeError /
     msgspec.ValidationError on a frame whose envelope does not fit."""
-    frame: Ack | ErrorFrame | EventFrame | Pong | ExportCompleted = _server_decoder.decode(data)
+    frame: Ack | ErrorFrame | EventFrame | Pong | ExportCompleted | ConversationsFrame = _server_decoder.decode(data)
     if type(frame) is EventFrame:
         return Event(conversation_id=frame.conversation_id, seq=frame.seq, event=frame.event,
                      data=decode_data(frame.event, frame.data, lenient=True), ts=frame.ts)

@@ -170,6 +170,12 @@ def store_url(path: Path) -> str:
     return f"sqlite:///{path.resolve()}"
 
 
+def _playing(profile: AgentProfile, script_data: Mapping[str, Any]) -> AgentProfile:
+    name = f"e2e-{os.getpid()}-{next(_names)}"
+    register_script(name, parse_script(script_data))
+    return profile.with_script(name)
+
+
 @contextlib.asynccontextmanager
 async def local_server(
     store_path: Path,
@@ -177,22 +183,23 @@ async def local_server(
     *,
     policies: Mapping[str, Any] | None = None,
     profile: AgentProfile | None = None,
+    others: Sequence[tuple[AgentProfile, Mapping[str, Any]]] = (),
     scripted: bool = True,
     **settings: Any,
 ) -> AsyncIterator[LocalServer]:
     """The production assembly (`gateway.app.local_backend`) on 127.0.0.1:0: `profile` (default: the
-    demo agent) playing `script_data`, with `policies` overridden and `settings` as Settings fields.
+    demo agent) playing `script_data`, with `policies` overridden and `settings` as Settings fields;
+    `others`, more agents served beside it, each playing its script (docs/design.md#several-agents).
     `scripted=False`: the profile calls its own models (a misconfigured one: never a real provider)."""
     registry = demo_registry()
     profile = profile or demo_profile(known_tools=registry)
     if scripted:
-        name = f"e2e-{os.getpid()}-{next(_names)}"
-        register_script(name, parse_script(script_data or weather_then_answer()))
-        profile = profile.with_script(name)
+        profile = _playing(profile, script_data or weather_then_answer())
     if policies:
         profile = profile.model_copy(update={"policies": profile.policies.model_copy(update=dict(policies))})
     config = Settings(host="127.0.0.1", port=0, backend="local", store=store_url(store_path), **settings)
-    backend = local_backend(config, AgentSetup(profile, registry, None))
+    served = tuple(_playing(other, data) for other, data in others)
+    backend = local_backend(config, AgentSetup(profile, registry, None, served))
     assert isinstance(backend, LocalBackend)
     server = GatewayServer(config, backend)
     host, port = await server.start()
@@ -215,26 +222,31 @@ class RayHosting:
 
 
 @contextlib.contextmanager
-def ray_hosting(root: Path, scripts: Mapping[str, Mapping[str, Any]],
-                unscripted: Mapping[str, AgentProfile] | None = None) -> Iterator[RayHosting]:
+def ray_hosting(
+    root: Path, scripts: Mapping[str, Mapping[str, Any]], unscripted: Mapping[str, AgentProfile] | None = None,
+    profiles: Mapping[str, AgentProfile] | None = None,
+) -> Iterator[RayHosting]:
     """`ray.init` (2 CPUs, no dashboard) until the block ends, with one agent per script: the demo
-    profile named after the script's key, playing it (the first is the default agent); and each of
-    `unscripted` as it is, calling its own models (a misconfigured one: never a real provider)."""
+    profile (or the one `profiles` gives) named after the script's key, playing it (the first is the
+    default agent); and each of `unscripted` as it is, calling its own models (a misconfigured one:
+    never a real provider)."""
     import ray
 
     from actors.ray.config import RayConfig
     from actors.ray.names import NAMESPACE
 
     registry = demo_registry()
-    profiles, files = {}, {}
+    served: dict[str, AgentProfile] = {}
+    files = {}
     for agent, data in scripts.items():
         path = root / f"{agent}.json"
         path.write_text(json.dumps(data))
         name = f"e2e-ray-{os.getpid()}-{agent}"
         files[name] = str(path)  # each Ray host registers it (gateway/app.py's ray_config does the same)
-        profiles[agent] = demo_profile(known_tools=registry).model_copy(update={"name": agent}).with_script(name)
-    profiles.update(unscripted or {})
-    config = RayConfig(store_url=store_url(root / "ray.sqlite3"), registry=registry, profiles=profiles,
+        base = (profiles or {}).get(agent) or demo_profile(known_tools=registry)
+        served[agent] = base.model_copy(update={"name": agent}).with_script(name)
+    served.update(unscripted or {})
+    config = RayConfig(store_url=store_url(root / "ray.sqlite3"), registry=registry, profiles=served,
                        scripts=files, hosts=2)
     ray.init(num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
     try:

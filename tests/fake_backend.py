@@ -29,6 +29,14 @@ from actors.hosting.backend import (
 )
 from actors.identity import Owner
 from protocol.events import Event
+from protocol.frames import (
+    AgentEntry,
+    AgentList,
+    ConversationEntry,
+    ConversationPage,
+    decode_cursor,
+    encode_cursor,
+)
 
 AGENTS = frozenset({"demo"})
 BATCH = 64
@@ -132,6 +140,20 @@ class FakeBackend:
                         await conv.changed.wait()
         finally:
             self.subscribers -= 1
+
+    def agents(self) -> AgentList:
+        return AgentList(default="demo", agents=[AgentEntry(name=name, description="") for name in sorted(AGENTS)])
+
+    async def list_conversations(self, owner: Owner, limit: int, before: str | None) -> ConversationPage:
+        """The owner's conversations by id, descending (the real order is the store's: tests/test_store_contract.py)."""
+        after = decode_cursor(before)[1] if before is not None else None
+        mine = sorted((cid for cid, c in self.conversations.items() if c.owner == owner), reverse=True)
+        page = [ConversationEntry(conversation_id=cid, agent=self.conversations[cid].agent, created_at=0.0,
+                                  last_active_at=0.0, last_seq=len(self.conversations[cid].events), title="",
+                                  running=False)
+                for cid in mine if after is None or cid < after][: limit + 1]
+        more = len(page) > limit
+        return ConversationPage(conversations=page[:limit], next_before=encode_cursor(page[limit - 1]) if more else None)
 
     # -- test hooks ---------------------------------------------------------------------------
 

@@ -23,6 +23,8 @@ fields = st.fixed_dictionaries(
         "agent": st.sampled_from(["demo", "nobody"]) | json_values,
         "ask_id": json_values,
         "answer": json_values,
+        "limit": st.integers(min_value=-1, max_value=120) | json_values,
+        "before": st.text(max_size=12) | json_values,
         "surprise": json_values,
     },
 )

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import itertools
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, TypeVar
 
 from websockets.asyncio.client import ClientConnection, connect
@@ -172,11 +172,14 @@ async def wait_until(predicate: Callable[[], bool], timeout: float = TIMEOUT, ev
     await asyncio.wait_for(poll(), timeout)
 
 
-async def http_get(host: str, port: int, path: str, timeout: float = TIMEOUT) -> tuple[int, dict[str, str], bytes]:
-    """A minimal HTTP/1.1 GET on the gateway's port: (status, lower-cased headers, body)."""
+async def http_get(
+    host: str, port: int, path: str, timeout: float = TIMEOUT, headers: Mapping[str, str] | None = None,
+) -> tuple[int, dict[str, str], bytes]:
+    """A minimal HTTP/1.1 GET on the gateway's port, with `headers` added: (status, lower-cased headers, body)."""
     reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
     try:
-        writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n".encode())
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n{extra}Connection: close\r\n\r\n".encode())
         await writer.drain()
         raw = await asyncio.wait_for(reader.read(), timeout)
     finally:

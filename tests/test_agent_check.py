@@ -260,3 +260,40 @@ def test_probe_of_a_model_without_a_provider_sends_nothing(tmp_path: Path, capsy
         assert main(["agent", "check", str(model_profile(tmp_path, model="acme-small", api_base=base)), "--probe"]) == 1
     assert ("probe acme-small: failed: bad_request: no provider for model 'acme-small': a LiteLLM model string starts "
             "with its provider, e.g. 'openai/acme-small' for an OpenAI-compatible endpoint") in capsys.readouterr().out
+# -- several profiles (docs/design.md#several-agents) -------------------------------------------------
+
+
+def second(tmp_path: Path, text: str = 'name = "second"\nmodel = "scripted/demo"\n[[tools]]\nid = "demo.clock"\n') -> Path:
+    path = tmp_path / "second.toml"
+    path.write_text(text)
+    return path
+
+
+def test_several_profiles_are_each_checked_and_one_broken_one_fails_the_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = agent(tmp_path)
+    broken = second(tmp_path, 'name = "second"\nmodel = "scripted/demo"\n[policies]\nmax_iterations = 0\n')
+    assert main(["agent", "check", str(good), str(broken)]) == 2
+    captured = capsys.readouterr()
+    assert "acme.lookup_order" in captured.out                 # the good one's tables are still shown
+    assert "second.toml: policies.max_iterations" in captured.err
+
+
+def test_several_profiles_in_json_are_a_list_of_reports(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["agent", "check", str(agent(tmp_path)), str(second(tmp_path)), "--json"]) == 0
+    reports = json.loads(capsys.readouterr().out)
+    assert [(r["agent"], r["ok"]) for r in reports] == [("acme", True), ("second", True)]
+    assert [t["id"] for t in reports[1]["tools"]] == ["demo.clock"]
+
+
+def test_a_directory_is_its_profiles_and_two_of_one_name_fail_together(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    agent(tmp_path)
+    twin = second(tmp_path, 'name = "acme"\nmodel = "scripted/demo"\n')
+    assert main(["agent", "check", str(tmp_path), "--json"]) == 2
+    *each, together = json.loads(capsys.readouterr().out)
+    assert [r["ok"] for r in each] == [True, True]
+    assert together == {"ok": False, "profile": "together", "problems": [
+        f"{tmp_path / 'acme.toml'} and {twin} both define the agent 'acme': agent names must be unique"]}

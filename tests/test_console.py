@@ -22,7 +22,11 @@ from typing import Any
 import jwt
 import pytest
 
-from gateway.app import build_backend
+from actors.hosting.backend import Backend
+from actors.llm.scripts import parse_script, register_script
+from actors.profile import parse_profile
+from gateway.app import AgentSetup, agent_setup, build_backend
+from gateway.app import local_backend as assembled_backend
 from gateway.server import STATIC_DIR
 from gateway.settings import Settings
 from tests.gateway_harness import running
@@ -315,3 +319,56 @@ async def test_steer_and_cancel_are_enabled_during_a_turn_and_cancel_ends_it(tmp
             ".ask .outcome"
         )
         assert await page.is_disabled("#cancel")
+
+
+SECOND_ANSWER = "It is noon, says the second agent."
+SECOND_SCRIPT = {"loop": True, "rounds": [
+    {"text": "<channel:thinking>Checking the time.</channel:thinking><channel:action>"
+             + json.dumps({"action": "call_tool", "tool_call": {"tool_id": "demo.clock", "params": {}}})
+             + "</channel:action>"},
+    {"text": "<channel:thinking>Answering.</channel:thinking><channel:action>"
+             + json.dumps({"action": "complete", "final_answer": SECOND_ANSWER}) + "</channel:action>"},
+]}
+
+
+def two_agents_backend(tmp_path: Path) -> Backend:
+    """The demo agent (the default) and `second`, which tells the time with its own script
+    (docs/design.md#several-agents)."""
+    register_script("console-second", parse_script(SECOND_SCRIPT))
+    settings = Settings(backend="local", port=0, store=f"sqlite:///{tmp_path}/agents.sqlite3")
+    demo = agent_setup(settings)
+    second = parse_profile({"name": "second", "description": "Tells the time.", "model": "scripted/console-second",
+                            "tools": [{"id": "demo.clock"}]}, known_tools=demo.registry)
+    return assembled_backend(settings, AgentSetup(demo.profile, demo.registry, None, (second,)))
+
+
+@pytest.mark.slow
+async def test_the_console_offers_the_served_agents_and_opens_a_conversation_with_the_one_picked(
+    tmp_path: Path,
+) -> None:
+    secret = "console-test-secret-for-hs256-at-least-32-bytes"
+    now = int(time.time())
+    token = jwt.encode({"sub": "alice", "tenant": "acme", "iat": now, "exp": now + 600}, secret, algorithm="HS256")
+    async with gateway(two_agents_backend(tmp_path), auth_secret=secret) as (_, port), browser_page() as page:
+        await page.goto(f"http://127.0.0.1:{port}/?token={token}")   # GET /agents needs the token too
+        await page.wait_for_selector("#status-dot.up")
+        options = await page.eval_on_selector_all("#agent option", "os => os.map(o => [o.value, o.title])")
+        assert options == [["demo", demo_description()], ["second", "Tells the time."]]
+        assert await page.input_value("#agent") == "demo"               # the default, until another is picked
+        first = page.url
+        await page.select_option("#agent", "second")                    # a new conversation, with that agent
+        await page.wait_for_function("window.reactgate.session.ready && window.reactgate.session.agent === 'second'")
+        assert page.url != first
+        await send(page, "what time is it?")
+        await page.wait_for_selector(".done.ok")
+        assert await answer_text(page) == SECOND_ANSWER
+        assert "demo.clock" in await page.inner_text(".tool")
+        sockets = await page.evaluate("window.wsSockets")
+    opens = [f for s in sockets for f in s["sent"] if f["type"] == "open"]
+    assert [f.get("agent") for f in opens] == ["demo", "second"] and "conversation_id" not in opens[-1]
+
+
+def demo_description() -> str:
+    from actors.profile import demo_profile
+
+    return demo_profile().summary

@@ -108,7 +108,8 @@ async def test_the_owner_reconnecting_with_a_fresh_token_may_open_and_watch(serv
         assert watched["type"] == "ack", watched
         done = await again.turn_completed(cid)
     events = again.events[cid]
-    assert (events[0]["event"], events[0]["data"]["user_message_id"]) == ("turn.started", "m1")  # her turn, from seq 1
+    assert (events[0]["event"], events[0]["data"]["message_id"]) == ("user.message", "m1")  # her words, from seq 1
+    assert (events[1]["event"], events[1]["data"]["user_message_id"]) == ("turn.started", "m1")  # then her turn
     assert done["data"]["reason"] == "complete"
     check_log(events)
 

@@ -36,7 +36,8 @@ SECRET = "delete-export-secret-for-hs256-32b!"
 SCRIPT = slow_answer_script(answer_chars=160, delay_ms=10)   # the answer streams for a while: time to cut it
 NEVER = "c_NeverExistedNeverExisted"                         # an id nobody owns
 # Every table that keys a row by conversation (the tool pool's snapshot has a key of its own).
-TABLES = ("conversations", "streams", "events", "snapshots", "idempotency_keys", "tool_results", "round_outputs")
+TABLES = ("conversations", "streams", "events", "snapshots", "idempotency_keys", "tool_results", "round_outputs",
+          "conversation_list")
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ from websockets.exceptions import ConnectionClosed
 
 from actors.hosting.backend import (
     AckStatus,
+    AgentNotServed,
     Answer,
     Cancel,
     Command,
@@ -32,6 +33,7 @@ from actors.hosting.backend import (
     UnknownAsk,
     UserMessage,
 )
+from actors.identity import Caller
 from actors.quotas import Quota, QuotaExceeded, Scope
 from gateway.dispatch import dispatch
 from protocol.events import Event
@@ -41,10 +43,15 @@ from protocol.frames import (
     AnswerFrame,
     CancelFrame,
     ClientFrame,
+    ConversationEntry,
+    ConversationPage,
+    ConversationsFrame,
     DeleteFrame,
     ErrorCode,
     ErrorFrame,
     ExportFrame,
+    InvalidCursor,
+    ListFrame,
     Mode,
     Open,
     Ping,
@@ -91,6 +98,10 @@ class Recorder(FakeBackend):
         del self.conversations[conversation_id]
         return "accepted"
 
+    async def list_conversations(self, owner: Owner, limit: int, before: str | None) -> ConversationPage:
+        self._call("list_conversations", owner, limit, before)
+        return await super().list_conversations(owner, limit, before)
+
     async def export(self, owner: Owner, conversation_id: str, request_id: str) -> Export:
         self._call("export", owner, conversation_id, request_id)
         events = list(self._owned(owner, conversation_id).events)
@@ -106,6 +117,7 @@ class Peer:
 
     def __init__(self, owner: Owner = ALICE, max_watched: int = 2) -> None:
         self.owner = owner
+        self.caller = Caller.of(owner)   # what the connection's token lets tools know (gateway/dispatch.py Peer)
         self.trace_parent = None
         self.max_watched = max_watched
         self.watched: dict[str, int] = {}
@@ -190,6 +202,11 @@ FRAMES: list[tuple[ClientFrame, list[tuple[Any, ...]], list[Any]]] = [
     (ExportFrame(id="x1", conversation_id=CID),
      [("export", ALICE, CID, "x1")],
      [Ack(id="x1", status="accepted", conversation_id=CID, last_seq=HEAD), ("export", "x1", CID, HEAD)]),
+    (ListFrame(id="l1", limit=5),
+     [("list_conversations", ALICE, 5, None)],
+     [ConversationsFrame(id="l1", conversations=[ConversationEntry(
+         conversation_id=CID, agent="demo", created_at=0.0, last_active_at=0.0, last_seq=HEAD, title="",
+         running=False)])]),
 ]  # fmt: skip
 
 
@@ -269,6 +286,18 @@ REFUSED: list[tuple[BaseException, ClientFrame, ErrorFrame]] = [
     (UnknownAgent("no default agent"),
      Open(id="o2"),
      ErrorFrame(code=ErrorCode.NOT_FOUND, message="no default agent", id="o2")),
+    (AgentNotServed("second", CID),
+     Open(id="o4", conversation_id=CID),
+     ErrorFrame(code=ErrorCode.NOT_FOUND, id="o4", conversation_id=CID,
+                message="unknown agent 'second': this conversation's agent is not served here")),
+    (AgentNotServed("second", CID),
+     UserMessageFrame(id="m3", conversation_id=CID, text="hi"),
+     ErrorFrame(code=ErrorCode.NOT_FOUND, id="m3", conversation_id=CID,
+                message="unknown agent 'second': this conversation's agent is not served here")),
+    (InvalidCursor("before: not a cursor of this server (pass a page's next_before)"),
+     ListFrame(id="l2", limit=5, before="forged"),
+     ErrorFrame(code=ErrorCode.BAD_REQUEST, id="l2",
+                message="before: not a cursor of this server (pass a page's next_before)")),
     (UnknownAsk("k9"),
      AnswerFrame(id="a1", conversation_id=CID, ask_id="k9", answer="yes"),
      ErrorFrame(code=ErrorCode.NOT_FOUND, id="a1", conversation_id=CID,

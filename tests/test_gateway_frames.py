@@ -14,15 +14,20 @@ from protocol.events import EVENT_KINDS, STREAM_KINDS, ConversationDeleted, Even
 from protocol.frames import (
     CLIENT_FRAME_TYPES,
     ERROR_CODES,
+    TITLE_MAX_CHARS,
     Ack,
     AnswerFrame,
     CancelFrame,
+    ConversationEntry,
+    ConversationsFrame,
     DeleteFrame,
     ErrorCode,
     ErrorFrame,
     ExportCompleted,
     ExportFrame,
     FrameError,
+    InvalidCursor,
+    ListFrame,
     Open,
     Ping,
     Pong,
@@ -32,10 +37,13 @@ from protocol.frames import (
     Unsubscribe,
     UserMessageFrame,
     decode_client_frame,
+    decode_cursor,
     decode_server_frame,
+    encode_cursor,
     encode_event,
     encode_frame,
     recover_id,
+    title_of,
 )
 
 
@@ -60,6 +68,8 @@ VALID = [
     (frame(type="ping", id="9"), Ping(id="9")),
     (frame(type="delete", id="10", conversation_id="c"), DeleteFrame(id="10", conversation_id="c")),
     (frame(type="export", id="11", conversation_id="c"), ExportFrame(id="11", conversation_id="c")),
+    (frame(type="list", id="12", limit=20), ListFrame(id="12", limit=20)),
+    (frame(type="list", id="12", limit=1, before="abc"), ListFrame(id="12", limit=1, before="abc")),
 ]
 
 
@@ -105,6 +115,11 @@ def bad(raw: bytes | str) -> FrameError:
         (frame(type="ping", id=3), "`$.id`"),
         (frame(id="1"), "`type`"),
         (frame(type="launch_missiles", id="1"), "`$.type`"),
+        (frame(type="list", id="1"), "`limit`"),
+        (frame(type="list", id="1", limit=0), "`$.limit`"),
+        (frame(type="list", id="1", limit=101), "`$.limit`"),
+        (frame(type="list", id="1", limit=5, before=""), "`$.before`"),
+        (frame(type="list", id="1", limit=5, conversation_id="c"), "`conversation_id`"),
     ],
 )
 def test_each_error_names_the_field(raw: bytes, names: str) -> None:
@@ -244,6 +259,44 @@ def test_encode_event_is_the_event_frame(cid: str, seq: int, name: str, data: di
     assert json.loads(spliced) == {"type": "event", "conversation_id": cid, "seq": seq, "event": name, "data": data,
                                    "ts": ts}
     assert decode_server_frame(spliced) == event
+
+
+ENTRY = ConversationEntry(conversation_id="c_1", agent="demo", created_at=1.5, last_active_at=2.25, last_seq=7,
+                          title="weather in Paris?", running=False)
+
+
+def test_a_conversations_frame_is_a_frame_type_of_its_own_and_omits_next_before_on_the_last_page() -> None:
+    last = ConversationsFrame(id="l1", conversations=[ENTRY])
+    assert encode_frame(last) == (
+        b'{"type":"conversations","id":"l1","conversations":[{"conversation_id":"c_1","agent":"demo",'
+        b'"created_at":1.5,"last_active_at":2.25,"last_seq":7,"title":"weather in Paris?","running":false}]}')
+    more = ConversationsFrame(id="l2", conversations=[ENTRY], next_before=encode_cursor(ENTRY))
+    assert decode_server_frame(encode_frame(last)) == last and decode_server_frame(encode_frame(more)) == more
+
+
+URL_SAFE = st.characters(categories=(), include_characters="ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+
+
+@given(st.floats(allow_nan=False, allow_infinity=False), st.text(URL_SAFE, min_size=1, max_size=128))
+def test_a_cursor_names_exactly_the_position_of_its_entry_and_fits_a_list_frame(at: float, cid: str) -> None:
+    entry = ConversationEntry(conversation_id=cid, agent="a", created_at=0.0, last_active_at=at, last_seq=0,
+                              title="", running=False)
+    cursor = encode_cursor(entry)
+    assert decode_cursor(cursor) == (at, cid)
+    assert decode_client_frame(frame(type="list", id="1", limit=1, before=cursor)) == ListFrame(id="1", limit=1, before=cursor)
+
+
+@pytest.mark.parametrize("text", ["", "!!", "bm90IGpzb24", "WzEsMl0", "WyJ4IiwiYyJd", "WzEuMCwiIl0", "é"])
+def test_anything_but_a_cursor_is_refused(text: str) -> None:
+    with pytest.raises(InvalidCursor):
+        decode_cursor(text)
+
+
+def test_a_title_is_the_first_message_folded_and_cut() -> None:
+    assert title_of("  weather\n in   Paris? ") == "weather in Paris?"
+    long = "word " * 40
+    assert len(title_of(long)) == TITLE_MAX_CHARS and title_of(long).endswith("…")
+    assert title_of("x" * TITLE_MAX_CHARS) == "x" * TITLE_MAX_CHARS
 
 
 def test_server_frames_round_trip() -> None:

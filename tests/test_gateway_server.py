@@ -573,3 +573,60 @@ async def test_connections_are_not_logged_at_info(caplog: pytest.LogCaptureFixtu
     async with running() as h, h.client() as c:
         await c.request(type="ping")
     assert any(r.getMessage() == "connection open" for r in caplog.records)  # still there, at DEBUG
+
+
+# -- the JSON endpoints behind the handshake's auth (docs/wire-protocol.md#16-agents-and-the-conversation-list) --
+
+
+@pytest.mark.parametrize("path", ["/agents", "/v1/conversations"])
+@pytest.mark.parametrize("bad_token", [None, "not-a-jwt", token(exp_in=-60)], ids=["missing", "garbage", "expired"])
+async def test_the_json_endpoints_refuse_what_the_handshake_refuses_with_401(path: str, bad_token: str | None) -> None:
+    async with running(auth_secret=SECRET) as h:
+        headers = {"Authorization": f"Bearer {bad_token}"} if bad_token else {}
+        status, _, body = await http_get(h.host, h.port, path, headers=headers)
+        assert status == 401 and body.startswith(b"unauthorized: ")
+        assert bad_token is None or bad_token.encode() not in body
+
+
+async def test_the_json_endpoints_answer_a_bearer_or_a_query_token() -> None:
+    async with running(auth_secret=SECRET) as h:
+        by_header = await http_get(h.host, h.port, "/agents", headers={"Authorization": f"Bearer {token()}"})
+        by_query = await http_get(h.host, h.port, f"/agents?token={token()}")
+        assert by_header[0] == by_query[0] == 200 and by_header[2] == by_query[2]
+        assert json.loads(by_header[2]) == {"default": "demo", "agents": [{"name": "demo", "description": ""}]}
+        assert by_header[1]["content-type"] == "application/json" and "access-control-allow-origin" not in by_header[1]
+
+
+async def test_an_allowed_origin_may_read_the_answer_and_any_other_is_refused_with_403() -> None:
+    async with running(auth_secret=SECRET, allowed_origins="https://app.example") as h:
+        headers = {"Authorization": f"Bearer {token()}"}
+        status, got, _ = await http_get(h.host, h.port, "/agents", headers={**headers, "Origin": "https://app.example"})
+        assert (status, got["access-control-allow-origin"], got["vary"]) == (200, "https://app.example", "Origin")
+        status, _, body = await http_get(h.host, h.port, "/v1/conversations",
+                                         headers={**headers, "Origin": "https://evil.example"})
+        assert (status, body) == (403, b"forbidden: origin not allowed\n")
+
+
+async def test_the_conversation_list_over_http_is_the_callers_own_a_page_at_a_time() -> None:
+    async with running(auth_secret=SECRET) as h:
+        async with h.client(token("alice")) as alice, h.client(token("bob")) as bob:
+            mine = sorted([await alice.open() for _ in range(3)], reverse=True)
+            await bob.open()
+        headers = {"Authorization": f"Bearer {token('alice')}"}
+        status, _, body = await http_get(h.host, h.port, "/v1/conversations?limit=2", headers=headers)
+        first = json.loads(body)
+        assert status == 200 and [c["conversation_id"] for c in first["conversations"]] == mine[:2]
+        _, _, body = await http_get(h.host, h.port, f"/v1/conversations?limit=2&before={first['next_before']}",
+                                    headers=headers)
+        assert json.loads(body) == {"conversations": [{**first["conversations"][0], "conversation_id": mine[2]}]}
+
+
+@pytest.mark.parametrize(("query", "reason"), [
+    ("limit=0", b"bad request: limit must be an integer from 1 to 100\n"),
+    ("limit=101", b"bad request: limit must be an integer from 1 to 100\n"),
+    ("limit=two", b"bad request: limit must be an integer from 1 to 100\n"),
+    ("before=forged", b"bad request: before: not a cursor of this server (pass a page's next_before)\n"),
+])
+async def test_a_bad_query_is_400_saying_why(query: str, reason: bytes) -> None:
+    async with running() as h:
+        assert (await http_get(h.host, h.port, f"/v1/conversations?{query}"))[::2] == (400, reason)

@@ -583,7 +583,7 @@ def test_build_request_names_the_anthropic_messages_route() -> None:
 
 @pytest.mark.parametrize(("model", "base"), [("openai/x", "http://127.0.0.1:1/v1"), (CLAUDE, "http://127.0.0.1:1")])
 def test_a_calls_tools_reach_the_request_in_the_providers_format(model: str, base: str) -> None:
-    # Nothing fills ModelCall.tools yet (native tool calling will); the request already carries them.
+    # A native round's functions (docs/design.md#native); tests/test_llm_native.py checks whole histories.
     litellm_module()
     tool = {"type": "function", "function": {"name": "lookup", "description": "Look it up.",
                                              "parameters": {"type": "object", "properties": {}}}}

@@ -1,5 +1,6 @@
 """The fast path's sans-I/O decoders (actors/llm/sse.py, openai_wire.py, anthropic_wire.py): bytes in,
-model deltas out, the same however the network cuts the bytes (docs/design.md#model-settings).
+model deltas out, the same however the network cuts the bytes (docs/design.md#model-settings) — text,
+and the whole family of a native function-calling message (docs/design.md#native).
 
 Every stream here is fed whole, then cut at arbitrary points (hypothesis), byte by byte, and with
 the line ends of every SSE flavour; the deltas and the decoder's final state (end, finish reason,
@@ -21,8 +22,20 @@ from actors.llm.errors import Fault, Usage
 from actors.llm.fast import Decoder
 from actors.llm.openai_wire import OpenAIChatDecoder
 from actors.llm.sse import MAX_EVENT_BYTES, OVERSIZED, SSEFrames, fields
-from protocol.deltas import ModelDelta
+from protocol.deltas import (
+    ModelDelta,
+    ModelOutput,
+    ReasoningDelta,
+    ReasoningSignature,
+    ToolCallArgs,
+    ToolCallEnd,
+    ToolCallStart,
+    merged,
+)
+from tests.fixtures import native_sse as native
 from tests.fixtures.anthropic_sse import event, transcript_events
+from tests.fixtures.native_sse import ANTHROPIC_STOP, Call, NativeMessage, expected
+from tests.native_strategies import messages
 
 LINE_ENDS = ("\n", "\r\n", "\r")
 
@@ -39,11 +52,11 @@ def cut(data: bytes, cuts: Sequence[int]) -> list[bytes]:
     return [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True)]
 
 
-def decode(make: Callable[[], Decoder], reads: Sequence[bytes]) -> tuple[list[ModelDelta], tuple[Any, ...]]:
+def decode(make: Callable[[], Decoder], reads: Sequence[bytes]) -> tuple[list[ModelOutput], tuple[Any, ...]]:
     """The deltas of `reads` fed one by one (stopping at a failure, as the reader does), and the
     decoder's final state."""
     decoder = make()
-    deltas: list[ModelDelta] = []
+    deltas: list[ModelOutput] = []
     for data in reads:
         deltas += decoder.feed(data)
         if decoder.failure is not None or decoder.done:
@@ -52,9 +65,9 @@ def decode(make: Callable[[], Decoder], reads: Sequence[bytes]) -> tuple[list[Mo
                     decoder.failure)
 
 
-def texts(deltas: Sequence[ModelDelta]) -> list[str]:
+def texts(deltas: Sequence[ModelOutput]) -> list[str]:
     assert all(type(d) is ModelDelta for d in deltas)
-    return [d.text for d in deltas]
+    return [d.text for d in deltas if type(d) is ModelDelta]
 
 
 cuts_st = st.lists(st.integers(min_value=0, max_value=1 << 16), max_size=12)
@@ -248,3 +261,132 @@ def test_only_text_deltas_are_answer_text() -> None:
                                             "delta": {"type": "text_delta", "text": "x"}}))
     assert decoder.feed(data) == [ModelDelta("x")]
     assert decoder.failure is None and decoder.events == 3
+
+
+# -- native function calling: the whole delta family (docs/design.md#native) ---------------------
+
+
+def native_decode(make: Callable[[], Decoder], reads: Sequence[bytes]) -> tuple[list[ModelOutput], tuple[Any, ...]]:
+    decoder = make()
+    deltas: list[ModelOutput] = []
+    for data in reads:
+        deltas += decoder.feed(data)
+        if decoder.failure is not None or decoder.done:
+            break
+    return deltas, (decoder.done, decoder.end_reason(), decoder.usage, decoder.calls, decoder.failure)
+
+
+@settings(max_examples=150, deadline=None)
+@given(message=messages(), field=st.sampled_from(["reasoning_content", "reasoning"]),
+       usage=st.none() | st.tuples(st.integers(0, 10**6), st.integers(0, 10**6)),
+       end=st.sampled_from(LINE_ENDS), cuts=cuts_st)
+def test_openai_native_deltas_are_the_messages_however_the_bytes_are_cut(
+    message: NativeMessage, field: str, usage: tuple[int, int] | None, end: str, cuts: list[int],
+) -> None:
+    data = with_line_ends(b"".join(native.openai_events(message, reasoning_field=field, usage=usage)), end)
+    whole = native_decode(OpenAIChatDecoder, [data])
+    assert native_decode(OpenAIChatDecoder, cut(data, cuts)) == whole
+    got, (done, end_reason, reported, calls, failure) = whole
+    assert merged(got) == expected(message, "openai")
+    assert (done, end_reason, reported, calls, failure) == (
+        True, message.finish, None if usage is None else Usage(*usage), len(message.calls), None)
+
+
+@settings(max_examples=150, deadline=None)
+@given(message=messages(), named=st.booleans(), end=st.sampled_from(LINE_ENDS), cuts=cuts_st)
+def test_anthropic_native_deltas_are_the_messages_however_the_bytes_are_cut(
+    message: NativeMessage, named: bool, end: str, cuts: list[int],
+) -> None:
+    data = b"".join(native.anthropic_events(message, input_tokens=5, output_tokens=9))
+    data = with_line_ends(data if named else untyped(data), end)
+    whole = native_decode(AnthropicMessagesDecoder, [data])
+    assert native_decode(AnthropicMessagesDecoder, cut(data, cuts)) == whole
+    got, (done, end_reason, usage, calls, failure) = whole
+    assert merged(got) == expected(message, "anthropic")
+    assert (done, end_reason, usage, calls, failure) == (
+        True, ANTHROPIC_STOP[message.finish], Usage(5, 9), len(message.calls), None)
+
+
+def test_openai_calls_end_in_index_order_when_the_finish_arrives() -> None:
+    # Parallel calls, their fragments interleaved, the last one in the finish chunk itself: the wire
+    # never says a call is complete, so the finish ends every started call, lowest index first.
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        return f"data: {json.dumps({'choices': [{'index': 0, 'delta': delta, 'finish_reason': finish}]})}\n\n".encode()
+
+    def frag(index: int, arguments: str, **first: str) -> dict[str, Any]:
+        function = {"arguments": arguments, **({"name": first["name"]} if first else {})}
+        return {"index": index, **({"id": first["id"], "type": "function"} if first else {}), "function": function}
+
+    data = b"".join([
+        chunk({"tool_calls": [frag(1, '{"b"', id="c1", name="beta"), frag(0, "", id="c0", name="alpha")]}),
+        chunk({"tool_calls": [frag(0, '{"a": 1}')]}),
+        chunk({"tool_calls": [frag(1, ": 2}")]}, "tool_calls"),
+        b"data: [DONE]\n\n",
+    ])
+    decoder = OpenAIChatDecoder()
+    assert decoder.feed(data) == [
+        ToolCallStart(1, "c1", "beta"), ToolCallArgs(1, '{"b"'), ToolCallStart(0, "c0", "alpha"),
+        ToolCallArgs(0, '{"a": 1}'), ToolCallArgs(1, ": 2}"), ToolCallEnd(0), ToolCallEnd(1)]
+    assert (decoder.done, decoder.finish_reason, decoder.calls) == (True, "tool_calls", 2)
+
+
+def test_an_openai_stream_cut_before_its_finish_leaves_its_calls_open() -> None:
+    # A cut inside a call's arguments is never a whole call (docs/design.md#native): no end is made up.
+    message = NativeMessage((Call("c", "f", ('{"a":', ' 1}')),), "tool_calls")
+    data = b"".join(native.openai_events(message)[:-2])   # no finish chunk, no [DONE]
+    got, (done, end_reason, *_) = native_decode(OpenAIChatDecoder, [data])
+    assert merged(got) == [ToolCallStart(0, "c", "f"), ToolCallArgs(0, '{"a": 1}')]
+    assert (done, end_reason) == (False, None)
+
+
+def test_reasoning_takes_the_reasoning_field_first_as_litellm_does() -> None:
+    decoder = OpenAIChatDecoder()
+    data = (b'data: {"choices":[{"delta":{"reasoning":"a","reasoning_content":"a"}}]}\n\n'
+            b'data: {"choices":[{"delta":{"reasoning_content":"b","content":"c"}}]}\n\n')
+    assert decoder.feed(data) == [ReasoningDelta("a"), ReasoningDelta("b"), ModelDelta("c")]
+
+
+def block_start(index: int, block: dict[str, Any]) -> bytes:
+    return event("content_block_start", {"type": "content_block_start", "index": index, "content_block": block})
+
+
+def block_stop(index: int) -> bytes:
+    return event("content_block_stop", {"type": "content_block_stop", "index": index})
+
+
+def test_what_an_anthropic_start_block_holds_is_its_first_fragment() -> None:
+    # Anthropic streams start blocks empty; one that is not (a proxy that replays a whole message)
+    # loses nothing. LiteLLM's reader drops all but the text: tests/test_llm_native.py.
+    data = b"".join([
+        block_start(0, {"type": "thinking", "thinking": "hm", "signature": "S1"}), block_stop(0),
+        block_start(1, {"type": "text", "text": "Hi"}), block_stop(1),
+        block_start(2, {"type": "tool_use", "id": "t", "name": "f", "input": {"city": "Paris"}}),
+        event("content_block_delta", {"type": "content_block_delta", "index": 2,
+                                      "delta": {"type": "input_json_delta", "partial_json": ""}}),
+        block_stop(2),
+    ])
+    assert AnthropicMessagesDecoder().feed(data) == [
+        ReasoningDelta("hm"), ReasoningSignature("S1"), ModelDelta("Hi"),
+        ToolCallStart(0, "t", "f"), ToolCallArgs(0, '{"city":"Paris"}'), ToolCallEnd(0)]
+
+
+def test_one_signature_per_thinking_block_after_its_text() -> None:
+    # The turn sends each block back as it came (actors/native.thinking_blocks): text, then signature.
+    def delta(kind: str, **fields: str) -> bytes:
+        return event("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                              "delta": {"type": kind, **fields}})
+
+    data = b"".join([block_start(0, {"type": "thinking", "thinking": "", "signature": ""}),
+                     delta("thinking_delta", thinking="a"), delta("signature_delta", signature="S"),
+                     delta("signature_delta", signature="IG"), block_stop(0)])
+    assert AnthropicMessagesDecoder().feed(data) == [ReasoningDelta("a"), ReasoningSignature("SIG")]
+
+
+def test_a_tool_use_block_left_open_ends_before_the_message_does() -> None:
+    data = b"".join([
+        block_start(0, {"type": "tool_use", "id": "t", "name": "f", "input": {}}),
+        event("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                      "delta": {"type": "input_json_delta", "partial_json": "{}"}}),
+        event("message_delta", {"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {}}),
+    ])
+    assert AnthropicMessagesDecoder().feed(data) == [ToolCallStart(0, "t", "f"), ToolCallArgs(0, "{}"), ToolCallEnd(0)]

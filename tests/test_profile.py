@@ -159,3 +159,12 @@ def test_every_violation_is_reported_at_once(tmp_path: Path) -> None:
 def test_an_inconsistent_profile_cannot_be_constructed_directly() -> None:
     with pytest.raises(ValidationError, match="initial_state"):
         AgentProfile(name="a", model="m", states=("a",), initial_state="b")
+
+
+@pytest.mark.parametrize(("extra", "summary"), [
+    ('description = "  Tracks orders.  "\ninstructions = "You are Acme.\\nBe brief."', "Tracks orders."),
+    ('instructions = "\\n  You are Acme.\\nBe brief."', "You are Acme."),   # the instructions' first line
+    ("", ""),
+])
+def test_the_listed_description_is_the_profiles_else_its_instructions_first_line(extra: str, summary: str) -> None:
+    assert load_profile(MINIMAL + extra + "\n", known_tools=None).summary == summary

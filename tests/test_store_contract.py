@@ -25,6 +25,7 @@ from actors.store import (
 from actors.store.postgres import PostgresStore
 from actors.store.sqlite import SqliteStore
 from protocol.events import Event, ThinkingDelta, ToolResult
+from protocol.frames import ConversationEntry
 
 StoreFactory = Callable[[], Store]
 
@@ -464,7 +465,7 @@ async def test_a_database_created_before_round_outputs_gains_them_when_opened(ma
 # -- deletion (docs/design.md#deletion) ----------------------------------------------------------
 
 KEPT_PER_CONVERSATION = ("conversations", "streams", "events", "snapshots", "idempotency_keys", "tool_results",
-                         "round_outputs", "tombstones")
+                         "round_outputs", "tombstones", "conversation_list")
 OWNER = Owner(tenant="acme", sub="alice")
 
 
@@ -578,6 +579,139 @@ async def test_a_delete_racing_another_processs_writes_leaves_nothing(make_durab
     finally:
         await writer.close()
         await deleter.close()
+
+
+# -- the conversation list (docs/design.md#conversation-list) ------------------------------------
+
+BOB = Owner(tenant="other", sub="bob")
+
+
+async def created(store: Store, owner: Owner, count: int, start: float = 1000.0) -> list[str]:
+    """`count` conversations of `owner`, created one second apart; their ids, oldest first."""
+    ids = [f"{owner.sub}-{i:03d}" for i in range(count)]
+    for i, cid in enumerate(ids):
+        await store.create_conversation(cid, owner, "demo", start + i)
+    return ids
+
+
+async def every_page(store: Store, owner: Owner | None, limit: int) -> list[list[str]]:
+    """The ids of each page, following each page's last entry as the next position."""
+    pages: list[list[str]] = []
+    before = None
+    while True:
+        rows = await store.list_conversations(owner, limit, before)
+        if not rows:
+            return pages
+        pages.append([row.entry.conversation_id for row in rows])
+        before = (rows[-1].entry.last_active_at, rows[-1].entry.conversation_id)
+
+
+async def test_a_new_conversation_is_listed_with_its_creation_as_its_last_activity(store: Store) -> None:
+    await store.create_conversation("c", OWNER, "demo", 1234.5)
+    [row] = await store.list_conversations(OWNER, 10)
+    assert row.owner == OWNER
+    assert row.entry == ConversationEntry(conversation_id="c", agent="demo", created_at=1234.5, last_active_at=1234.5,
+                                          last_seq=0, title="", running=False)
+
+
+async def test_the_list_pages_newest_first_with_no_duplicate_and_no_gap(store: Store) -> None:
+    ids = await created(store, OWNER, 11)
+    pages = await every_page(store, OWNER, 4)
+    assert [len(p) for p in pages] == [4, 4, 3]
+    assert [cid for page in pages for cid in page] == ids[::-1]
+
+
+async def test_equal_activity_times_are_ordered_by_id_and_paged_through_all_the_same(store: Store) -> None:
+    for cid in ("a", "b", "c", "d", "e"):
+        await store.create_conversation(cid, OWNER, "demo", 50.0)
+    pages = await every_page(store, OWNER, 2)
+    assert pages == [["e", "d"], ["c", "b"], ["a"]]
+
+
+async def test_a_list_holds_only_its_owners_conversations_whatever_the_position(store: Store) -> None:
+    mine = await created(store, OWNER, 3)
+    theirs = await created(store, BOB, 3, start=2000.0)   # newer than all of mine
+    assert [cid for page in await every_page(store, OWNER, 2) for cid in page] == mine[::-1]
+    assert [cid for page in await every_page(store, BOB, 2) for cid in page] == theirs[::-1]
+    # a position taken from the other owner's newest conversation still shows only mine
+    newest_of_bob = (await store.list_conversations(BOB, 1))[0].entry
+    after = await store.list_conversations(OWNER, 10, (newest_of_bob.last_active_at, newest_of_bob.conversation_id))
+    assert [row.entry.conversation_id for row in after] == mine[::-1]
+    assert {row.owner for row in after} == {OWNER}
+
+
+async def test_the_operators_list_holds_every_owners_conversations_newest_first(store: Store) -> None:
+    mine = await created(store, OWNER, 3)
+    theirs = await created(store, BOB, 2, start=1500.0)
+    pages = await every_page(store, None, 2)
+    assert [cid for page in pages for cid in page] == theirs[::-1] + mine[::-1]
+
+
+async def test_activity_moves_a_conversation_to_the_top_and_never_back_in_time(store: Store) -> None:
+    first, second = await created(store, OWNER, 2)
+    await store.note_activity(first, running=True, at=5000.0)
+    assert [r.entry.conversation_id for r in await store.list_conversations(OWNER, 10)] == [first, second]
+    await store.note_activity(first, running=False, at=4000.0)   # a late note from an older moment
+    await store.note_activity(second, running=False)              # no activity: only the flag
+    [top, _] = await store.list_conversations(OWNER, 10)
+    assert (top.entry.conversation_id, top.entry.last_active_at, top.entry.running) == (first, 5000.0, False)
+
+
+async def test_a_title_is_set_once_and_running_follows_each_note(store: Store) -> None:
+    [cid] = await created(store, OWNER, 1)
+    await store.note_activity(cid, running=True, at=2000.0, title="weather in Paris?")
+    assert (await store.list_conversations(OWNER, 1))[0].entry.running is True
+    await store.note_activity(cid, running=False, at=2001.0, title="a later message")
+    entry = (await store.list_conversations(OWNER, 1))[0].entry
+    assert (entry.title, entry.running) == ("weather in Paris?", False)
+
+
+async def test_a_listed_conversation_shows_its_last_seq(store: Store) -> None:
+    await store.create_conversation("c", OWNER, "demo", 1.0)
+    await store.append_events("c", evs("c", 1, 7))
+    assert (await store.list_conversations(OWNER, 1))[0].entry.last_seq == 7
+
+
+async def test_a_deleted_conversation_is_never_listed_and_a_note_does_not_bring_it_back(store: Store) -> None:
+    kept, gone = await created(store, OWNER, 2)
+    assert await store.delete_conversation(gone, "key", 3000.0) is True
+    await store.note_activity(gone, running=True, at=4000.0, title="late")
+    assert [r.entry.conversation_id for r in await store.list_conversations(OWNER, 10)] == [kept]
+    assert [r.entry.conversation_id for r in await store.list_conversations(None, 10)] == [kept]
+
+
+def _drop_the_list(store: Store) -> None:
+    """Make the backing database what a store created before the conversation list existed."""
+    if isinstance(store, SqliteStore):
+        with sqlite3.connect(store.path) as conn:
+            conn.execute("DROP TABLE conversation_list")
+        return
+    assert isinstance(store, PostgresStore) and store.schema is not None
+    with psycopg.connect(store.dsn, autocommit=True) as conn:
+        conn.execute(f'DROP TABLE "{store.schema}".conversation_list')
+
+
+async def test_a_database_created_before_the_list_lists_its_conversations_when_opened(
+    make_durable_store: StoreFactory,
+) -> None:
+    s = make_durable_store()
+    await s.open()
+    await s.create_conversation("quiet", OWNER, "demo", 10.0)
+    await s.create_conversation("talked", OWNER, "demo", 5.0)
+    await s.append_events("talked", evs("talked", 1, 2))     # its last event: 1700000002.0
+    await s.close()
+    _drop_the_list(s)
+
+    s = make_durable_store()
+    await s.open()
+    try:
+        entries = [r.entry for r in await s.list_conversations(OWNER, 10)]
+        assert [(e.conversation_id, e.last_active_at, e.last_seq, e.title) for e in entries] == [
+            ("talked", 1700000002.0, 2, ""), ("quiet", 10.0, 0, "")]
+        await s.create_conversation("new", OWNER, "demo", 1800000000.0)   # and the list goes on
+        assert (await s.list_conversations(OWNER, 1))[0].entry.conversation_id == "new"
+    finally:
+        await s.close()
 
 
 # -- lifecycle ----------------------------------------------------------------------------------

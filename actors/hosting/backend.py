@@ -14,7 +14,7 @@ from typing import Literal, Protocol
 from actors.identity import Caller, Owner
 from actors.quotas import TenantUsage
 from protocol.events import Event
-from protocol.frames import Mode
+from protocol.frames import AgentList, ConversationPage, Mode
 
 
 class Forbidden(Exception):
@@ -23,6 +23,19 @@ class Forbidden(Exception):
 
 class UnknownAgent(Exception):
     """`open` named an agent profile the server does not serve."""
+
+
+class AgentNotServed(UnknownAgent):
+    """The conversation's agent is not served here (docs/design.md#several-agents): its profile left
+    the configuration. Its conversations answer `not_found` naming the agent until it comes back."""
+
+    def __init__(self, agent: str, conversation_id: str) -> None:
+        super().__init__(f"unknown agent {agent!r}: this conversation's agent is not served here")
+        self.agent = agent
+        self.conversation_id = conversation_id
+
+    def __reduce__(self) -> tuple[type[AgentNotServed], tuple[str, str]]:
+        return AgentNotServed, (self.agent, self.conversation_id)  # raised on a host, re-raised here
 
 
 class UnknownAsk(Exception):
@@ -146,4 +159,13 @@ class Backend(Protocol):
     async def quota_usage(self) -> list[TenantUsage]:
         """Every tenant's quota counters in their current window, from the store (/metrics,
         docs/design.md#quotas). `open`, `command` and the hosts raise `actors.quotas.QuotaExceeded`."""
+        ...
+
+    def agents(self) -> AgentList:
+        """The agents served and the default one (GET /agents, docs/design.md#several-agents)."""
+        ...
+
+    async def list_conversations(self, owner: Owner, limit: int, before: str | None) -> ConversationPage:
+        """A page of `owner`'s own conversations, newest activity first, after the cursor `before`
+        (docs/design.md#conversation-list). Raises protocol.frames.InvalidCursor."""
         ...

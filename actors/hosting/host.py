@@ -12,7 +12,11 @@ guarantees, per conversation:
   deletes it; its listeners then get `conversation.deleted` (docs/design.md#deletion);
 - quotas (docs/design.md#quotas): a message that starts a turn is admitted here, whichever gateway
   sent it (turns per minute, tokens per day, and a concurrent-turn slot held while the conversation
-  is busy), and every model call's tokens are charged here.
+  is busy), and every model call's tokens are charged here;
+- the conversation list (docs/design.md#conversation-list): each accepted message, steer or answer
+  and each end of the last queued turn is noted in the store — running or not, when, the title;
+- its agent (docs/design.md#several-agents): a conversation runs the profile of the agent it was
+  created with; one whose agent is not served here is `AgentNotServed`, never activated.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import msgspec
 from actors.conversation import Conversation, ConversationState, Runtime
 from actors.eventlog import EventLog
 from actors.hosting.backend import (
+    AgentNotServed,
     Answer,
     Cancel,
     Command,
@@ -46,6 +51,8 @@ from actors.quotas import QuotaExceeded, QuotaLimits
 from actors.recovery import recover
 from actors.store import IDEMPOTENCY_TTL_S, Store, Tombstoned
 from protocol.events import ConversationDeleted, Event
+from protocol.frames import title_of
+from protocol.timeline import UserMessageBlock
 
 log = logging.getLogger("reactgate.host")
 
@@ -69,6 +76,21 @@ class _Active:
     turn_slot: bool = False                        # holds a concurrent-turn slot (busy since it took it)
     releasing: asyncio.Task[Any] | None = None     # the slot's release, committed before it is taken again
     admission: asyncio.Lock = field(default_factory=asyncio.Lock)  # one turn-starting command at a time
+    listed_running: bool = False                   # what the list row says of it, as last noted here
+    titled: bool = False                           # its title was noted by this activation
+
+
+def first_message(state: ConversationState) -> str | None:
+    """The conversation's first user message, as its state holds it (docs/design.md#conversation-list):
+    the timeline's first `user.message` block, else the running turn's message, else the first queued
+    one. The same words as its first `user.message` event, without reading the log, and there too for
+    a conversation logged before that event existed."""
+    for block in state.timeline:
+        if isinstance(block, UserMessageBlock):
+            return block.text
+    if state.current is not None:
+        return state.current.text
+    return state.queue[0].text if state.queue else None
 
 
 class HostCore:
@@ -140,6 +162,8 @@ class HostCore:
                     await self.store.forget_key(conversation_id, command.id)  # refused: sending it again is no repeat
                     raise
             self._apply(conv, command)
+        if idempotent:
+            self._note(active, running=conv.busy, at=self.clock())
         await self._save_now(active)  # the accepted command survives a crash of this host
         return "accepted"
 
@@ -176,17 +200,31 @@ class HostCore:
 
     def _turns_done(self, active: _Active) -> None:
         """The conversation's last queued turn ended: its slot goes back (a message arriving after
-        this takes a slot again, busy conversation or not)."""
+        this takes a slot again, busy conversation or not), and the list says it no longer runs.
+        Both are submitted before the turn's `turn.completed` is appended (docs/design.md#quotas)."""
+        if active.listed_running:
+            self._note(active, running=False, at=self.clock())
         if active.turn_slot:
             active.turn_slot = False
             active.releasing = self._meter_soon(self.meter.release_slot(active.owner, active.conversation.conversation_id))
 
-    def _meter_soon(self, work: Awaitable[Any]) -> asyncio.Task[Any]:
+    def _note(self, active: _Active, *, running: bool, at: float | None) -> None:
+        """The conversation's list row (docs/design.md#conversation-list): whether it runs, the time of
+        what happened (None: nothing did), and its title until this activation noted one."""
+        title = ""
+        if not active.titled and (text := first_message(active.conversation.state)) is not None:
+            title = title_of(text)
+            active.titled = True
+        active.listed_running = running
+        self._meter_soon(self.store.note_activity(active.conversation.conversation_id, running=running, at=at,
+                                                  title=title), "noting the conversation's activity")
+
+    def _meter_soon(self, work: Awaitable[Any], what: str = "quota bookkeeping") -> asyncio.Task[Any]:
         async def run() -> Any:
             try:
                 return await work
-            except Exception:  # a lost charge or release is logged, never a failed turn
-                log.exception("quota bookkeeping failed")
+            except Exception:  # a lost charge, release or note is logged, never a failed turn
+                log.exception("%s failed", what)
                 return None
 
         task = asyncio.get_running_loop().create_task(run())
@@ -277,8 +315,10 @@ class HostCore:
             raise UnknownConversation(conversation_id)
         owner, agent = found
         profile = self.profiles.get(agent)
-        if profile is None:
-            raise UnknownConversation(f"{conversation_id}: agent {agent!r} is not served here")
+        if profile is None:  # its agent left the configuration (docs/design.md#several-agents)
+            if self._release is not None:
+                await self._release(conversation_id)
+            raise AgentNotServed(agent, conversation_id)
         snapshot = await self.store.load_snapshot(conversation_id)
         if snapshot is not None:
             state = ConversationState.decode(snapshot[1])
@@ -310,9 +350,10 @@ class HostCore:
         recover(conv, tail)
         # A conversation busy again holds the slot it took before (its lease row); an idle one gives
         # back a slot a crash left taken (between its take and the checkpoint of its command).
-        active.turn_slot = conv.busy
+        active.turn_slot = active.listed_running = conv.busy
         if not conv.busy:
             active.releasing = self._meter_soon(self._release_stale_slot(owner, conversation_id))
+            self._note(active, running=False, at=None)  # a turn's end a crash kept from the list
         return active
 
     async def _release_stale_slot(self, owner: Owner, conversation_id: str) -> None:

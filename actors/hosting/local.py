@@ -16,6 +16,7 @@ from actors.conversation import Runtime
 from actors.hosting.backend import AckStatus, Command, ConfigurationReplaced, Export, Opened, SetMode
 from actors.hosting.export import export_log
 from actors.hosting.host import HostCore
+from actors.hosting.listing import agent_list, conversation_page
 from actors.hosting.owners import Owners, deletion_key
 from actors.hosting.subscription import replay_then_live
 from actors.identity import Owner
@@ -24,7 +25,7 @@ from actors.profile import AgentProfile
 from actors.quotas import TenantUsage
 from actors.store import Store
 from protocol.events import Event
-from protocol.frames import Mode
+from protocol.frames import AgentList, ConversationPage, Mode
 
 
 class LocalBackend:
@@ -99,3 +100,9 @@ class LocalBackend:
 
     async def quota_usage(self) -> list[TenantUsage]:
         return await self.host.meter.tenant_usage()
+
+    def agents(self) -> AgentList:
+        return agent_list(self.profiles, self.default_agent)
+
+    async def list_conversations(self, owner: Owner, limit: int, before: str | None) -> ConversationPage:
+        return await conversation_page(self.store, owner, limit, before)

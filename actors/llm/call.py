@@ -46,8 +46,8 @@ class ModelCall:
     timeout: float | None             # as given (LiteLLM's default when None): see `read_timeout_s`
     idle_timeout_s: float | None      # silence after the first delta that cuts the stream
     include_usage: bool               # ask for the call's usage where the provider can say
-    # Native tool calling's tool schemas (OpenAI's format; LiteLLM translates): sent with the
-    # request by the fast path and LiteLLM's reader when not empty. Nothing fills it yet.
+    # A native round's functions (docs/design.md#native), in OpenAI's format (LiteLLM translates):
+    # sent with the request by the fast path and LiteLLM's reader when not empty.
     tools: tuple[Mapping[str, Any], ...] = ()
 
     @classmethod

@@ -6,7 +6,8 @@ measures it next to this path). Here LiteLLM builds the request (`request.py`), 
 pooled session (`transport.py`) and feed the response's bytes to the wire's sans-I/O decoder
 (`DECODERS`: `openai_wire.py`, `anthropic_wire.py`), whose model deltas go to the caller as they are.
 
-`fast_stream` is one attempt of `stream_model` (docs/design.md#fallback): `ModelDelta`s, then one
+`fast_stream` is one attempt of `stream_model` (docs/design.md#fallback): model deltas (content,
+reasoning, native calls: docs/design.md#native), then one
 `ModelFinished` (finish reason, usage when the provider reports it), or a `ProviderError` with the
 kinds LiteLLM's exception mapping gives for the same answer (`errors.py`). Fallback, call counting
 and salvage stay with `stream_model`.
@@ -30,7 +31,7 @@ from actors.llm.openai_wire import OpenAIChatDecoder
 from actors.llm.request import build_request
 from actors.llm.transport import proxy_for, session
 from actors.llm.wires import Wire
-from protocol.deltas import ModelDelta
+from protocol.deltas import ModelOutput
 
 
 class Decoder(Protocol):
@@ -41,8 +42,9 @@ class Decoder(Protocol):
     events: int                 # events other than keep-alives so far
     finish_reason: str | None   # as the provider said it
     usage: Usage | None
+    calls: int                  # native calls started in the message
 
-    def feed(self, data: bytes) -> list[ModelDelta]: ...
+    def feed(self, data: bytes) -> list[ModelOutput]: ...
 
     def end_reason(self) -> str | None: ...
 
@@ -112,7 +114,7 @@ class _Watchdog:
 
 
 async def fast_stream(call: ModelCall) -> AsyncGenerator[StreamItem, None]:
-    """One model attempt: `ModelDelta`s, then a `ModelFinished`; or a `ProviderError`.
+    """One model attempt: its model deltas, then a `ModelFinished`; or a `ProviderError`.
 
     The call's read timeout bounds the wait for the answer's headers and then every read, as
     LiteLLM's `timeout` does; its idle timeout bounds the wait for each event after the first
@@ -211,9 +213,14 @@ async def _drain(content: aiohttp.StreamReader) -> bool:
 
 
 def _finish(call: ModelCall, decoder: Decoder) -> ModelFinished:
-    """The call's last item, its finish reason in OpenAI's vocabulary (LiteLLM's `map_finish_reason`)."""
+    """The call's last item, its finish reason in OpenAI's vocabulary (LiteLLM's `map_finish_reason`).
+    A message with calls that says `stop` (some OpenAI-compatible servers do) ends in `tool_calls`,
+    as LiteLLM's stream wrapper reports it (`_normalize_tool_call_finish_reason`): every reader
+    finishes a native message alike (docs/design.md#native)."""
     reason = decoder.end_reason()
     if reason is None:
         raise _Failed(Fault("connection", "the stream ended before a finish reason was received"))
     mapped = litellm_part("litellm_core_utils.core_helpers").map_finish_reason(reason)
+    if mapped == "stop" and decoder.calls:
+        mapped = "tool_calls"
     return ModelFinished(mapped, call.model, decoder.usage)

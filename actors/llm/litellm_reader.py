@@ -6,6 +6,24 @@ scripted model included, then played by LiteLLM's custom provider (`scripted.py`
 the other readers yield and fails with the same kinds (`errors.error_kind`), in LiteLLM's lean
 configuration (`lite.LEAN_SETTINGS`), with no hidden retries: every attempt is one counted call
 (docs/design.md#fallback).
+
+A chunk's delta is read as the whole family of model deltas (docs/design.md#native), in the fast
+reader's order: `reasoning_content` → `ReasoningDelta` (LiteLLM maps `reasoning` and Anthropic
+thinking there); `thinking_blocks` → `ReasoningSignature` for an entry with a signature,
+`RedactedReasoning` for a `redacted_thinking` one (LiteLLM streams Anthropic's signature_delta and
+redacted blocks as one-entry lists); `content` → `ModelDelta`; `tool_calls[]` by index →
+`ToolCallStart` at an index's first fragment, `ToolCallArgs` per non-empty `arguments` fragment;
+the finish reason ends every started call (`ToolCallEnd`, in index order), as the fast reader does.
+
+What LiteLLM's wrapper cannot carry (tests/test_llm_native.py pins each):
+- Anthropic's `content_block_stop`: a tool_use block's end is not in its chunks, so a call ends at
+  the finish, as on the OpenAI wire — same calls, same arguments, closed later (after any content
+  the message has after them);
+- what an Anthropic start block already holds other than text — a tool_use block's non-empty
+  `input`, a thinking block's `thinking` or `signature` — is dropped by LiteLLM's Anthropic
+  iterator (Anthropic streams them empty; the fast reader keeps them);
+- a tool_use block that streamed no `input_json_delta` at all gets no arguments (the fast reader
+  writes the `{}` its start block gave; the native decoder reads no arguments as `{}` too).
 """
 
 from __future__ import annotations
@@ -22,7 +40,16 @@ from actors.llm.keys import scrub
 from actors.llm.lite import litellm_module
 from actors.llm.providers import no_provider, provider_of
 from actors.llm.scripts import PROVIDER
-from protocol.deltas import ModelDelta
+from protocol.deltas import (
+    ModelDelta,
+    ModelOutput,
+    ReasoningDelta,
+    ReasoningSignature,
+    RedactedReasoning,
+    ToolCallArgs,
+    ToolCallEnd,
+    ToolCallStart,
+)
 
 
 class _Silent(Exception):
@@ -39,6 +66,29 @@ def reports_usage(model: str) -> bool:
     except Exception:
         return False
     return "stream_options" in params
+
+
+def _deltas(delta: Any, started: list[int]) -> list[ModelOutput]:
+    """One LiteLLM delta as model deltas (`started`: the indices of the calls started so far)."""
+    out: list[ModelOutput] = []
+    reasoning = getattr(delta, "reasoning_content", None)
+    if reasoning:
+        out.append(ReasoningDelta(reasoning))
+    for block in getattr(delta, "thinking_blocks", None) or ():
+        if block.get("type") == "redacted_thinking":
+            out.append(RedactedReasoning(block.get("data") or ""))
+        elif block.get("signature"):
+            out.append(ReasoningSignature(block["signature"]))
+    if delta.content:
+        out.append(ModelDelta(delta.content))
+    for call in delta.tool_calls or ():
+        function = call.function
+        if call.index not in started:
+            started.append(call.index)
+            out.append(ToolCallStart(call.index, call.id or "", (function.name if function is not None else None) or ""))
+        if function is not None and function.arguments:
+            out.append(ToolCallArgs(call.index, function.arguments))
+    return out
 
 
 def _usage(chunk: Any) -> Usage | None:
@@ -77,6 +127,7 @@ async def litellm_stream(call: ModelCall) -> AsyncGenerator[StreamItem, None]:
     finish_reason: str | None = None
     usage: Usage | None = None
     stream: Any = None
+    started: list[int] = []   # the calls started, by index: each ends at the finish
     try:
         stream = await litellm.acompletion(model=call.model, messages=call.messages, stream=True, **kwargs)
         chunks = stream.__aiter__()
@@ -99,12 +150,14 @@ async def litellm_stream(call: ModelCall) -> AsyncGenerator[StreamItem, None]:
             if not choices:
                 continue
             choice = choices[0]
-            text = choice.delta.content
-            if text:
+            for delta in _deltas(choice.delta, started):
                 delivered = True
-                yield ModelDelta(text)
+                yield delta
             if choice.finish_reason is not None:
                 finish_reason = choice.finish_reason
+                for index in sorted(started):
+                    yield ToolCallEnd(index)
+                started.clear()
                 if not want_usage or usage is not None:
                     break  # see LEAN_SETTINGS: do not drain into LiteLLM's end-of-stream rebuild
     except Exception as exc:

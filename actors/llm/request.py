@@ -26,8 +26,10 @@ from actors.llm.scripts import PROVIDER
 from actors.llm.wires import PROVIDER_WIRES, Wire
 
 # The settings the fast path knows how to send (docs/design.md#model-settings): any other key is a LiteLLM
-# parameter we would have to re-implement (tools, response_format, api_version, extra_body, …), so
-# a model that has one goes through LiteLLM.
+# parameter we would have to re-implement (response_format, api_version, extra_body, `tools` as a
+# model setting, …), so a model that has one goes through LiteLLM. A native round's functions are
+# not a setting: they come in `ModelCall.tools`, which the fast path sends, in the body LiteLLM builds
+# from them (docs/design.md#native).
 FAST_SETTINGS: Final = frozenset({
     "api_base", "api_key_env", STREAM_READER, "timeout",
     "temperature", "top_p", "top_k", "max_tokens", "max_completion_tokens", "stop",
@@ -126,7 +128,9 @@ def build_request(call: ModelCall) -> FastRequest:
         extra_body = optional.pop("extra_body", None)
         params = litellm_part("litellm_core_utils.get_litellm_params").get_litellm_params(
             api_base=found.api_base, custom_llm_provider=found.provider)
-        msgs = [dict(m) for m in call.messages]
+        # as LiteLLM's `completion` takes them in first: None fields dropped (`content: None` beside
+        # an assistant's `tool_calls`, docs/design.md#native), user content checked
+        msgs = litellm_part("utils").validate_and_fix_openai_messages([dict(m) for m in call.messages])
         out_headers = config.validate_environment(
             headers=call.headers, model=found.model, messages=msgs, optional_params=optional,
             litellm_params=params, api_key=key, api_base=found.api_base,

@@ -1,7 +1,8 @@
 """The single entry for every model call: ordered models, provider fallback, model deltas out.
 
 `stream_model` is the async iterator of model deltas the round engine consumes (docs/design.md#overview):
-it yields `ModelDelta`s as the model streams them, a `ModelFallback` when a provider fails before its
+it yields the model's deltas as the model streams them (content, reasoning, native calls:
+`protocol/deltas.py`), a `ModelFallback` when a provider fails before its
 first delta and the next model takes over (docs/design.md#fallback), and a final `ModelFinished`. An
 error after the first delta is raised, never fallen back from: the user may already have seen part
 of the answer, and salvage is the round's decision, made from its gates' counters.

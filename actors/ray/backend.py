@@ -31,6 +31,7 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from actors.hosting.backend import AckStatus, Command, ConfigurationReplaced, Export, Opened, SetMode
 from actors.hosting.export import export_log
+from actors.hosting.listing import agent_list, conversation_page
 from actors.hosting.meter import Meter
 from actors.hosting.owners import Owners, deletion_key
 from actors.hosting.placement import NoLiveHost
@@ -46,7 +47,7 @@ from actors.ray.singletons import get_or_create
 from actors.ray.tool_pool import ToolPoolActor
 from actors.store import Store, store_from_url
 from protocol.events import Event
-from protocol.frames import Mode
+from protocol.frames import AgentList, ConversationPage, Mode
 
 log = logging.getLogger("reactgate.ray.backend")
 
@@ -238,6 +239,13 @@ class RayBackend:
     async def export(self, owner: Owner, conversation_id: str, request_id: str) -> Export:
         await self.owners.check(owner, conversation_id)
         return await export_log(self.store, conversation_id, request_id, time.time())
+
+    def agents(self) -> AgentList:
+        return agent_list(self.profiles, self.default_agent)
+
+    async def list_conversations(self, owner: Owner, limit: int, before: str | None) -> ConversationPage:
+        # Read from the store every host writes the list to: no host is asked (docs/design.md#conversation-list).
+        return await conversation_page(self.store, owner, limit, before)
 
     # -- routing -----------------------------------------------------------------------------------
 

@@ -12,7 +12,9 @@ protects the guarantees that survive crashes and re-activations:
 - a tool call whose result is durable is never executed again (docs/design.md#recovery): first write wins;
 - a round's raw output commits with the append that completes the round (docs/design.md#replay);
 - a deleted conversation leaves only a tombstone, and every later write for it is refused
-  (docs/design.md#deletion).
+  (docs/design.md#deletion);
+- the conversation list is a keyset query over one index, per owner, never an offset
+  (docs/design.md#conversation-list).
 
 Every write goes through a group-commit queue (`GroupCommit`): concurrent writes of many
 conversations share one transaction and one fsync, which is what makes one SQLite file carry many
@@ -32,6 +34,7 @@ import msgspec
 from actors.identity import Owner
 from actors.quotas import QuotaCharge, QuotaCounter
 from protocol.events import Event, decode_data, encode_data
+from protocol.frames import ConversationEntry, Cursor
 
 # Idempotency keys are durable for at least 24 h; prune only what is older.
 IDEMPOTENCY_TTL_S = 24 * 3600.0
@@ -137,6 +140,22 @@ def decode_output(turn_id: str, round_no: int, raw: bytes, models: str, mode: st
                        models=_MODELS_DECODER.decode(models), mode=mode, agent_state=agent_state, phase=phase)
 
 
+@dataclass(frozen=True, slots=True)
+class ListedConversation:
+    """A row of the conversation list: whose it is, and what a list page shows of it."""
+
+    owner: Owner
+    entry: ConversationEntry
+
+
+def listed(conversation_id: str, tenant: str, sub: str, agent: str, created_at: float, last_active_at: float,
+           last_seq: int | None, title: str, running: int) -> ListedConversation:
+    """A `list_conversations` row as the stores read it (`SQL.list_columns`)."""
+    return ListedConversation(Owner(tenant=str(tenant), sub=str(sub)), ConversationEntry(
+        conversation_id=str(conversation_id), agent=str(agent), created_at=float(created_at),
+        last_active_at=float(last_active_at), last_seq=int(last_seq or 0), title=str(title), running=bool(running)))
+
+
 @dataclass(slots=True)
 class StoreStats:
     """Counters of the write path; `commits < writes` shows that group commit batched."""
@@ -171,6 +190,21 @@ class Store(Protocol):
 
     async def conversation_owner(self, conversation_id: str) -> tuple[Owner, str] | None:
         """(owner, agent) of the conversation, or None when it does not exist."""
+        ...
+
+    # the conversation list (docs/design.md#conversation-list): a row per conversation, created with
+    # it, kept up to date by its host, deleted with it
+
+    async def note_activity(self, conversation_id: str, *, running: bool, at: float | None = None,
+                            title: str = "") -> None:
+        """The conversation's list row: whether a turn runs or is queued; `at`, when something
+        happened (None: no activity, the time stays; it never moves back); `title`, kept only while
+        the row has none. A conversation without a row (deleted) is left alone."""
+        ...
+
+    async def list_conversations(self, owner: Owner | None, limit: int, before: Cursor | None = None) -> list[ListedConversation]:
+        """Up to `limit` conversations of `owner` (None: every owner's), most recently active first
+        (ties: by id, descending), strictly after the position `before` in that order."""
         ...
 
     async def append_events(

@@ -37,6 +37,7 @@ from actors.store.base import (
     DEFAULT_READ_LIMIT,
     ConversationExists,
     GroupCommit,
+    ListedConversation,
     Outcome,
     QuotaRefused,
     RoundOutput,
@@ -49,12 +50,14 @@ from actors.store.base import (
     decode_event,
     decode_output,
     encode_event_data,
+    listed,
     output_row,
     snapshot_keys,
     snapshot_owner,
 )
 from actors.store.schema import POSTGRES_SQL as SQL
 from protocol.events import Event
+from protocol.frames import Cursor
 
 Conn = psycopg.AsyncConnection[Any]
 
@@ -143,7 +146,11 @@ class PostgresStore:
                 await writer.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
                 if self.schema is not None:
                     await writer.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
+                cur = await writer.execute(SQL.has_list)
+                listing = await cur.fetchone()
                 await writer.execute(SQL.schema)
+                if listing is None or not listing[0]:  # older than the list (docs/design.md#conversation-list)
+                    await writer.execute(SQL.fill_list)
         except BaseException:
             await writer.close()
             raise
@@ -253,6 +260,8 @@ class PostgresStore:
                 SQL.insert_conversation, (conversation_id, owner.tenant, owner.sub, agent, created_at)
             )
             if cur.rowcount == 1:
+                await conn.execute(SQL.insert_listed, (conversation_id, owner.tenant, owner.sub, agent, created_at,
+                                                       created_at))
                 return
             cur = await conn.execute(SQL.conversation_owner, (conversation_id,))
             row = await cur.fetchone()
@@ -266,6 +275,25 @@ class PostgresStore:
             cur = await conn.execute(SQL.conversation_owner, (conversation_id,))
             row = await cur.fetchone()
         return None if row is None else (Owner(tenant=row[0], sub=row[1]), row[2])
+
+    # -- the conversation list (docs/design.md#conversation-list) ------------------------------
+
+    async def note_activity(self, conversation_id: str, *, running: bool, at: float | None = None,
+                            title: str = "") -> None:
+        when = at if at is not None else float("-inf")
+        args = (int(running), when, when, title, conversation_id)
+
+        async def op(conn: Conn) -> None:
+            await conn.execute(SQL.note_activity, args)
+
+        await self._group.submit(op)
+
+    async def list_conversations(self, owner: Owner | None, limit: int, before: Cursor | None = None) -> list[ListedConversation]:
+        statement, args = SQL.list_page(owner, limit, before)
+        async with self._reader() as conn:
+            cur = await conn.execute(statement, args)
+            rows = await cur.fetchall()
+        return [listed(*row) for row in rows]
 
     # -- events -----------------------------------------------------------------------------
 

@@ -17,6 +17,9 @@ store's concurrency model, in its own module.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from actors.identity import Owner
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +52,9 @@ POSTGRES = Dialect("postgresql", "%s", "text", "bigint", "double precision", "by
 # may hold a NUL, which a PostgreSQL text column refuses (and a refused append stops the log).
 # `models` is a JSON array. `tombstones` holds one row per deleted conversation, all that is left of
 # it: the key of the request that deleted it (a digest, no identity: docs/design.md#deletion).
+# `conversation_list` holds what a list page shows of each conversation (docs/design.md#conversation-list),
+# the owner again beside it, so that a page is one range of one index — `conversations` is never
+# altered — and `running` is 0 or 1.
 _DDL = """
 CREATE TABLE IF NOT EXISTS conversations (
     conversation_id {text} PRIMARY KEY,
@@ -113,6 +119,18 @@ CREATE TABLE IF NOT EXISTS quota_counters (
     PRIMARY KEY (scope, key, quota, window_start)
 ){without_rowid};
 CREATE INDEX IF NOT EXISTS quota_counters_window ON quota_counters (window_start);
+CREATE TABLE IF NOT EXISTS conversation_list (
+    conversation_id {text} PRIMARY KEY,
+    tenant {text} NOT NULL,
+    sub {text} NOT NULL,
+    agent {text} NOT NULL,
+    created_at {real} NOT NULL,
+    last_active_at {real} NOT NULL,
+    title {text} NOT NULL,
+    running {integer} NOT NULL
+);
+CREATE INDEX IF NOT EXISTS conversation_list_owner ON conversation_list (tenant, sub, last_active_at, conversation_id);
+CREATE INDEX IF NOT EXISTS conversation_list_recent ON conversation_list (last_active_at, conversation_id);
 """
 
 # The heads and tails the row-wise (SQLite) and set-wise (PostgreSQL) appends share.
@@ -128,6 +146,14 @@ _UPSERT_QUOTA = (
     " ON CONFLICT (scope, key, quota, window_start) DO UPDATE SET used = quota_counters.used + excluded.used"
 )
 _QUOTA_ROW = " WHERE scope = ? AND key = ? AND quota = ? AND window_start = ?"
+# A list page: the row's columns, its last seq from `streams` (its primary key), newest first; the
+# position a cursor names is compared as a row value, which both databases read as a range of the index.
+_LIST = (
+    "SELECT l.conversation_id, l.tenant, l.sub, l.agent, l.created_at, l.last_active_at, s.last_seq, l.title,"
+    " l.running FROM conversation_list l LEFT JOIN streams s ON s.conversation_id = l.conversation_id"
+)
+_LIST_ORDER = " ORDER BY l.last_active_at DESC, l.conversation_id DESC LIMIT ?"
+_LIST_AFTER = "(l.last_active_at, l.conversation_id) < (?, ?)"
 
 
 class Statements:
@@ -151,6 +177,32 @@ class Statements:
         )
         self.conversation_owner = sql(
             "SELECT tenant, sub, agent FROM conversations WHERE conversation_id = ?"
+        )
+
+        # the conversation list (docs/design.md#conversation-list): its row is inserted with the
+        # conversation, in the same op; a note moves `last_active_at` only forward and sets a title
+        # only once. Pages are keyset, never OFFSET: by owner, or everyone's (operators).
+        self.insert_listed = sql(
+            "INSERT INTO conversation_list (conversation_id, tenant, sub, agent, created_at, last_active_at, title,"
+            " running) VALUES (?, ?, ?, ?, ?, ?, '', 0) ON CONFLICT (conversation_id) DO NOTHING"
+        )
+        self.note_activity = sql(
+            "UPDATE conversation_list SET running = ?,"
+            " last_active_at = CASE WHEN ? > last_active_at THEN ? ELSE last_active_at END,"
+            " title = CASE WHEN title = '' THEN ? ELSE title END WHERE conversation_id = ?"
+        )
+        self.list_owned = sql(_LIST + " WHERE l.tenant = ? AND l.sub = ?" + _LIST_ORDER)
+        self.list_owned_after = sql(_LIST + " WHERE l.tenant = ? AND l.sub = ? AND " + _LIST_AFTER + _LIST_ORDER)
+        self.list_all = sql(_LIST + _LIST_ORDER)
+        self.list_all_after = sql(_LIST + " WHERE " + _LIST_AFTER + _LIST_ORDER)
+        # A database older than the list gets a row per conversation when the table is created: its
+        # last activity is its last event's time, its title unknown (""), not running until noted.
+        self.fill_list = sql(
+            "INSERT INTO conversation_list (conversation_id, tenant, sub, agent, created_at, last_active_at, title,"
+            " running) SELECT c.conversation_id, c.tenant, c.sub, c.agent, c.created_at,"
+            " COALESCE((SELECT e.ts FROM streams s JOIN events e ON e.conversation_id = s.conversation_id"
+            " AND e.seq = s.last_seq WHERE s.conversation_id = c.conversation_id), c.created_at), '', 0"
+            " FROM conversations c WHERE true ON CONFLICT (conversation_id) DO NOTHING"
         )
 
         # events
@@ -202,7 +254,7 @@ class Statements:
         self.delete_conversation = sql("DELETE FROM conversations WHERE conversation_id = ?")
         self.delete_rows = tuple(
             sql(f"DELETE FROM {table} WHERE conversation_id = ?")
-            for table in ("streams", "events", "idempotency_keys", "tool_results", "round_outputs")
+            for table in ("streams", "events", "idempotency_keys", "tool_results", "round_outputs", "conversation_list")
         )
         self.delete_snapshot = sql("DELETE FROM snapshots WHERE conversation_id = ?")
 
@@ -227,11 +279,20 @@ class Statements:
         self.forget_key = sql("DELETE FROM idempotency_keys WHERE conversation_id = ? AND key = ?")
 
 
+    def list_page(self, owner: Owner | None, limit: int, before: tuple[float, str] | None) -> tuple[str, tuple[Any, ...]]:
+        """The statement of a list page and its arguments: by owner or everyone's, after a position or not."""
+        position = tuple(before) if before is not None else ()
+        if owner is None:
+            return (self.list_all_after if before else self.list_all), (*position, limit)
+        return (self.list_owned_after if before else self.list_owned), (owner.tenant, owner.sub, *position, limit)
+
+
 class SqliteStatements(Statements):
     """SQLite only: an append is written row by row (`executemany`) and its stream row set."""
 
     def __init__(self) -> None:
         super().__init__(SQLITE)
+        self.has_list = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'conversation_list'"
         self.insert_event = SQLITE.sql(_INSERT_EVENTS + " VALUES (?, ?, ?, ?, ?)")
         self.set_last_seq = SQLITE.sql(_UPSERT_STREAMS + " VALUES (?, ?)" + _SET_LAST_SEQ)
         self.insert_round_output = SQLITE.sql(
@@ -248,6 +309,7 @@ class PostgresStatements(Statements):
 
     def __init__(self) -> None:
         super().__init__(POSTGRES)
+        self.has_list = "SELECT to_regclass('conversation_list') IS NOT NULL"  # in the connection's search_path
         # Locks the streams rows of the batch's conversations in id order (see postgres._append_all).
         self.lock_streams = (
             "SELECT conversation_id, last_seq FROM streams WHERE conversation_id = ANY(%s)"

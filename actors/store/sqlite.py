@@ -32,6 +32,7 @@ from actors.store.base import (
     DEFAULT_READ_LIMIT,
     ConversationExists,
     GroupCommit,
+    ListedConversation,
     Outcome,
     QuotaRefused,
     RoundOutput,
@@ -43,12 +44,14 @@ from actors.store.base import (
     decode_event,
     decode_output,
     encode_event_data,
+    listed,
     output_row,
     snapshot_keys,
     snapshot_owner,
 )
 from actors.store.schema import SQLITE_SQL as SQL
 from protocol.events import Event
+from protocol.frames import Cursor
 
 T = TypeVar("T")
 WriteOp = Callable[[sqlite3.Connection], Any]
@@ -136,7 +139,12 @@ class SqliteStore:
             if mode.lower() != "wal":
                 raise RuntimeError(f"SQLite at {self.path} refused WAL mode (got {mode})")
         conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+        listing = conn.execute(SQL.has_list).fetchone() is not None
         conn.executescript(SQL.schema)
+        if not listing:  # a database older than the conversation list (docs/design.md#conversation-list)
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(SQL.fill_list)
+            conn.execute("COMMIT")
         return conn
 
     def _reader(self) -> sqlite3.Connection:
@@ -227,6 +235,21 @@ class SqliteStore:
         def read(conn: sqlite3.Connection) -> tuple[Owner, str] | None:
             row = conn.execute(SQL.conversation_owner, (conversation_id,)).fetchone()
             return None if row is None else (Owner(tenant=row[0], sub=row[1]), row[2])
+
+        return await self._read(read)
+
+    # -- the conversation list (docs/design.md#conversation-list) ------------------------------
+
+    async def note_activity(self, conversation_id: str, *, running: bool, at: float | None = None,
+                            title: str = "") -> None:
+        when = at if at is not None else float("-inf")
+        await self._group.submit(functools.partial(_note_activity, (int(running), when, when, title, conversation_id)))
+
+    async def list_conversations(self, owner: Owner | None, limit: int, before: Cursor | None = None) -> list[ListedConversation]:
+        statement, args = SQL.list_page(owner, limit, before)
+
+        def read(conn: sqlite3.Connection) -> list[ListedConversation]:
+            return [listed(*row) for row in conn.execute(statement, args).fetchall()]
 
         return await self._read(read)
 
@@ -367,6 +390,10 @@ def _delete(conversation_id: str, request_key: str, now: float, conn: sqlite3.Co
     return True
 
 
+def _note_activity(args: tuple[Any, ...], conn: sqlite3.Connection) -> None:
+    conn.execute(SQL.note_activity, args)
+
+
 def _last_seq(conversation_id: str, conn: sqlite3.Connection) -> int:
     row = conn.execute(SQL.last_seq, (conversation_id,)).fetchone()
     return 0 if row is None else int(row[0])
@@ -396,6 +423,7 @@ def _create_conversation(
         raise ConversationExists(conversation_id)  # a deleted id is never given out again
     cur = conn.execute(SQL.insert_conversation, (conversation_id, owner.tenant, owner.sub, agent, created_at))
     if cur.rowcount == 1:
+        conn.execute(SQL.insert_listed, (conversation_id, owner.tenant, owner.sub, agent, created_at, created_at))
         return
     row = conn.execute(SQL.conversation_owner, (conversation_id,)).fetchone()
     if tuple(row) != (owner.tenant, owner.sub, agent):

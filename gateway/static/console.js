@@ -11,7 +11,9 @@
 //   last drawn seq, once per subscription in flight;
 // - error frames: ERROR_REACTIONS, the same table as client/session.py.
 // `Session` never touches the DOM beyond calling `View`. The conversation id lives in the URL hash,
-// so a reload replays the conversation.
+// so a reload replays the conversation. The agent of a new conversation is the one picked in the
+// header's select, filled from GET /agents (docs/wire-protocol.md#get-agents) and sent as `open`'s
+// `agent`; picking another starts a new conversation with it (a conversation keeps its agent).
 "use strict";
 
 const SUBPROTOCOL = "reactgate.v1";
@@ -68,6 +70,18 @@ function wsUrl() {
   return url.toString();
 }
 
+// GET /agents with the page's token, as the WebSocket gets it (the same auth): the agents served and
+// the default; null when the gateway does not answer it (the select then stays empty: the default).
+async function loadAgents() {
+  const token = new URL(window.location.href).searchParams.get("token");
+  try {
+    const response = await fetch("/agents", { headers: token ? { Authorization: "Bearer " + token } : {} });
+    return response.ok ? await response.json() : null;
+  } catch (e) {
+    return null;
+  }
+}
+
 function conversationFromHash() {
   const match = /(?:^#|&)c=([^&]+)/.exec(window.location.hash);
   return match ? decodeURIComponent(match[1]) : null;
@@ -86,9 +100,10 @@ function storageSet(key, value) {
 // Protocol state: frames in, callbacks out.
 
 class Session {
-  constructor(view, conversationId, onFatal) {
+  constructor(view, conversationId, onFatal, agent) {
     this.view = view;
     this.conversationId = conversationId;
+    this.agent = conversationId === null ? agent || null : null; // a new conversation's agent (null: the default)
     this.reopening = conversationId !== null; // opened from the URL: it may not be ours
     this.onFatal = onFatal;
     this.lastSeq = 0;
@@ -123,9 +138,7 @@ class Session {
     ws.onopen = () => {
       opened = true;
       this.openId = newId();
-      const frame = { type: "open", id: this.openId };
-      if (this.conversationId) frame.conversation_id = this.conversationId;
-      this.raw(frame);
+      this.raw(this.openFrame(this.openId));
     };
     ws.onmessage = (msg) => {
       let frame;
@@ -162,6 +175,13 @@ class Session {
     }
   }
 
+  openFrame(id) {
+    const frame = { type: "open", id };
+    if (this.conversationId) frame.conversation_id = this.conversationId;
+    else if (this.agent) frame.agent = this.agent;
+    return frame;
+  }
+
   raw(frame) {
     if (this.ws && this.ws.readyState === WebSocket.OPEN) this.ws.send(JSON.stringify(frame));
   }
@@ -194,9 +214,7 @@ class Session {
       return;
     }
     if (id === this.openId && !this.ready) {
-      const frame = { type: "open", id };
-      if (this.conversationId) frame.conversation_id = this.conversationId;
-      this.raw(frame);
+      this.raw(this.openFrame(id));
     } else if (id === this.subscribeId && this.ready) {
       this.raw({ type: "subscribe", id, conversation_id: this.conversationId, after_seq: this.lastSeq });
     }
@@ -234,6 +252,7 @@ class Session {
     this.conversationId = ack.conversation_id;
     if (created) {
       storageSet(this.modeKey(), this.mode);
+      if (this.agent) storageSet("reactgate.agent." + this.conversationId, this.agent);
       history.replaceState(null, "", "#c=" + encodeURIComponent(this.conversationId));
     }
     this.ready = true;
@@ -372,6 +391,20 @@ class View {
   status(text, cls) {
     document.getElementById("status").textContent = text;
     document.getElementById("status-dot").className = "dot " + (cls || "");
+  }
+
+  agents(list, wanted) {
+    // The select offers the agents served; it shows `wanted` if served, else the default.
+    const picker = document.getElementById("agent");
+    if (!list || !list.agents) { picker.disabled = true; return; }
+    picker.replaceChildren(...list.agents.map((a) => {
+      const option = el("option", "", a.name);
+      option.value = a.name;
+      if (a.description) option.title = a.description;
+      return option;
+    }));
+    const names = list.agents.map((a) => a.name);
+    picker.value = names.includes(wanted) ? wanted : list.default;
   }
 
   mode(mode) {
@@ -602,10 +635,11 @@ class View {
 
 function main() {
   const view = new View();
+  const picker = document.getElementById("agent");
   let session = null;
 
   const start = (conversationId) => {
-    session = new Session(view, conversationId, onFatal);
+    session = new Session(view, conversationId, onFatal, picker.value);
     view.session = session;
     view.mode(session.mode);
     session.connect();
@@ -653,11 +687,16 @@ function main() {
       view.mode(mode); // optimistic; the ack confirms it
     });
   }
-  document.getElementById("new-conversation").addEventListener("click", () => {
+  const startNew = () => {
     session.close("new conversation");
     history.replaceState(null, "", window.location.pathname + window.location.search);
     view.reset();
     start(null);
+  };
+  document.getElementById("new-conversation").addEventListener("click", startNew);
+  picker.addEventListener("change", () => {  // a conversation keeps its agent: another one is a new conversation
+    storageSet("reactgate.agent", picker.value);
+    startNew();
   });
   window.addEventListener("hashchange", () => {
     const cid = conversationFromHash();
@@ -665,7 +704,12 @@ function main() {
   });
 
   window.reactgate = { get session() { return session; }, view }; // for tests and the curious
-  start(conversationFromHash());
+  const fromUrl = conversationFromHash();
+  const agents = loadAgents().then((list) => {
+    view.agents(list, storageGet(fromUrl ? "reactgate.agent." + fromUrl : "reactgate.agent"));
+  });
+  // A conversation in the URL is re-opened at once; a new one waits for the agents, to open with the pick.
+  if (fromUrl) start(fromUrl); else agents.finally(() => start(null));
   input.focus();
 }
 
