@@ -86,13 +86,16 @@ def runs(agent_dir: Path) -> list[str]:
 async def approvals_and_done(c: Client, cid: str, answers: dict[str, str | None], turn_id: str = "t1",
                              timeout: float = TIMEOUT) -> dict[str, Any]:
     """Answer each approval request of the conversation as `answers` says (by order id; None or
-    absent: leave it unanswered), until the turn's turn.completed."""
-    answered: set[str] = set()
+    absent: leave it unanswered), until the turn's turn.completed. A request asked again (after a
+    crash: a new event, the same ask_id) is answered again: an answer sent before it was asked
+    again found no question waiting."""
+    answered: set[int] = set()   # the seqs of the requests answered
 
     def next_step() -> tuple[str, dict[str, Any]] | None:
         for e in c.events.get(cid, []):
             data = e["data"]
-            if e["event"] == "ask_user" and data.get("kind") == "approval" and data["ask_id"] not in answered:
+            if e["event"] == "ask_user" and data.get("kind") == "approval" and e["seq"] not in answered:
+                answered.add(e["seq"])
                 return "ask", data
             if e["event"] == "turn.completed" and data["turn_id"] == turn_id:
                 return "done", data
@@ -102,7 +105,6 @@ async def approvals_and_done(c: Client, cid: str, answers: dict[str, str | None]
         step, data = await c.until(next_step, timeout)
         if step == "done":
             return data
-        answered.add(data["ask_id"])
         answer = answers.get(data["params"]["order_id"])
         if answer is not None:
             await c.send(type="answer", conversation_id=cid, ask_id=data["ask_id"], answer=answer)
