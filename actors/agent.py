@@ -73,7 +73,7 @@ def mcp_tool(server: McpServerConfig, spec: McpToolSpec) -> Tool[Any]:
         return await sessions().call(server, spec.name, params.model_dump(), meta=meta)
 
     return Tool(server.tool_id(spec.name), SchemaParams, handler, entry.trait, entry.safety, entry.uses_code,
-                entry.transitions_state, spec.description, params_schema=spec.input_schema)
+                entry.transitions_state, spec.description, entry.confirm, params_schema=spec.input_schema)
 
 
 async def load_agent(path: Path | None) -> Agent:

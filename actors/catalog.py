@@ -44,6 +44,7 @@ class ToolDecl:
     safety: Safety = Safety.SAFE
     uses_code: bool = False
     transitions_state: bool = False
+    confirm: bool = False                 # a call runs only once the user approves it (docs/design.md#execute-confirmation)
     states: frozenset[str] | None = None  # None: available in every state
     description: str = ""
     params_schema: Mapping[str, Any] = field(default_factory=dict)
@@ -101,12 +102,16 @@ class Catalog:
         self,
         traits: Mapping[str, Trait] | None = None,
         states: Mapping[str, frozenset[str] | None] | None = None,
+        confirm: Mapping[str, bool] | None = None,
     ) -> Catalog:
         decls = dict(self._decls)
         for tool_id, trait in (traits or {}).items():
             decls[tool_id] = replace(decls[tool_id], trait=trait)
         for tool_id, st in (states or {}).items():
             decls[tool_id] = replace(decls[tool_id], states=st)
+        for tool_id, needed in (confirm or {}).items():
+            if tool_id in decls:
+                decls[tool_id] = replace(decls[tool_id], confirm=needed)
         return Catalog(decls.values())
 
     def restricted_to(self, tool_ids: Iterable[str]) -> Catalog:

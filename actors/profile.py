@@ -78,6 +78,7 @@ class McpToolEntry(BaseModel):
     safety: Safety = Safety.SAFE
     uses_code: bool = False
     transitions_state: bool = False
+    confirm: bool = False       # each call waits for the user's approval (docs/design.md#execute-confirmation)
 
 
 class McpServerConfig(BaseModel):
@@ -150,6 +151,7 @@ class ToolEntry(BaseModel):
     impl: Name | None = None            # "module:attr" of a @tool function or a Tool; None: a built-in tool
     states: tuple[Name, ...] | None = Field(default=None, min_length=1)  # None: every state
     trait: Trait | None = None                                           # per-profile override
+    confirm: bool | None = None   # per-profile: each call waits for the user's approval (None: the tool's own)
 
 
 # Completion parameters the runtime sets itself: a profile that sets them would break a guarantee
@@ -224,6 +226,8 @@ class AgentProfile(BaseModel):
     # ray backend: "sharded" (many conversations per ConversationHost) or "dedicated" (one named
     # Ray actor per conversation: process isolation, ~90 MB each — docs/design.md#placement)
     placement: Literal["sharded", "dedicated"] = "sharded"
+    # Every tool whose safety is `write` waits for the user's approval (docs/design.md#execute-confirmation).
+    confirm_writes: bool = False
     mcp_servers: tuple[McpServerConfig, ...] = ()
 
     @model_validator(mode="after")
@@ -314,11 +318,19 @@ class AgentProfile(BaseModel):
     def catalog_from(self, everything: Catalog) -> Catalog:
         """This agent's tools out of every tool a runtime has, with the profile's trait overrides and
         availability: what its gates decide from and its prompt lists."""
-        return everything.restricted_to(self.tool_ids).with_overrides(self.trait_overrides(), self.tool_states())
+        mine = everything.restricted_to(self.tool_ids)
+        return mine.with_overrides(self.trait_overrides(), self.tool_states(), self.confirm_overrides(mine))
 
     def tool_states(self) -> dict[str, frozenset[str] | None]:
         """Availability matrix (docs/design.md#states): tool id → states it is available in (None: all)."""
         return {t.id: None if t.states is None else frozenset(t.states) for t in self.tools}
+
+    def confirm_overrides(self, catalog: Catalog) -> dict[str, bool]:
+        """Which tools wait for the user's approval: `confirm_writes` marks every write tool, and a
+        `[[tools]]` entry's `confirm` overrides (docs/design.md#execute-confirmation)."""
+        out = {d.tool_id: True for d in catalog if self.confirm_writes and d.safety is Safety.WRITE}
+        out |= {t.id: t.confirm for t in self.tools if t.confirm is not None}
+        return out
 
     def trait_overrides(self) -> dict[str, Trait]:
         return {t.id: t.trait for t in self.tools if t.trait is not None}

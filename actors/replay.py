@@ -36,7 +36,9 @@ from actors.store.base import RoundOutput
 from actors.tools.registry import ToolRegistry
 from actors.turn_machine import (
     BUDGET_REACHED,
+    DENIED_BY_USER,
     Budget,
+    Consent,
     End,
     Execute,
     TurnMachine,
@@ -44,6 +46,7 @@ from actors.turn_machine import (
     provider_failed,
 )
 from protocol.events import (
+    Approval,
     EndReason,
     Event,
     RoundCompleted,
@@ -100,7 +103,9 @@ class RoundView(msgspec.Struct, frozen=True, kw_only=True):
     `lanes` are "INDEX LANE STATUS"; `notices` "CODE [TOOL]"; `accepted` "INDEX ACTION [TOOL]";
     `denied` "INDEX TOOL CODE"; `calls` the `tool.call`s sent, "TOOL CALL_ID"; `observed` what each
     of them observed, "TOOL CALL_ID ok", "… error CODE" or "… unknown" (it would run, and nothing
-    recorded says what it returns); `finish` what became of a complete/exit: "" (none), "allowed"
+    recorded says what it returns); `approvals` the user's consent to each call that asked for it,
+    "TOOL CALL_ID approved|approved_all|denied|timeout", or "… unknown" where the profile would ask and
+    nothing recorded says what the user answers; `finish` what became of a complete/exit: "" (none), "allowed"
     or "denied CODE"."""
 
     status: str
@@ -113,10 +118,11 @@ class RoundView(msgspec.Struct, frozen=True, kw_only=True):
     calls: tuple[str, ...] = ()
     observed: tuple[str, ...] = ()
     finish: str = ""
+    approvals: tuple[str, ...] = ()
 
 
 COMPARED: Final = ("status", "lanes", "answer_chars", "thinking_chars", "notices", "accepted", "denied", "calls",
-                   "observed", "finish")
+                   "observed", "finish", "approvals")
 
 
 class RoundReplay(msgspec.Struct, frozen=True, kw_only=True):
@@ -181,6 +187,7 @@ class _Turn:
     turn_id: str
     rounds: dict[int, _Round] = field(default_factory=dict)
     results: dict[str, ToolResult] = field(default_factory=dict)
+    approvals: dict[str, str] = field(default_factory=dict)   # call id → the user's consent, as recorded
     completed: TurnCompleted | None = None
 
     def round(self, number: int) -> _Round:
@@ -204,6 +211,8 @@ def _recorded_turns(events: Iterable[Event]) -> list[_Turn]:
             turn.round(data.round).completed = data
         elif isinstance(data, ToolResult):
             turn.results[data.call_id] = data
+        elif isinstance(data, Approval):
+            turn.approvals[data.call_id] = data.decision
         elif isinstance(data, TurnCompleted):
             turn.completed = data
     # Answer characters are counted from the gates' own counters (streamed_state), not from deltas.
@@ -212,9 +221,12 @@ def _recorded_turns(events: Iterable[Event]) -> list[_Turn]:
 
 def view(
     completed: RoundCompleted, thinking: str, calls: Sequence[tuple[str, str]], observed: Mapping[str, str],
+    approvals: Mapping[str, str] | None = None,
 ) -> RoundView:
     """A round as replay compares it, from its `round.completed` (recorded, or built by the engine),
-    its thinking, the calls it sent as (tool id, call id), and call id → what that call observed."""
+    its thinking, the calls it sent as (tool id, call id), call id → what that call observed, and
+    call id → the user's consent to it (docs/design.md#execute-confirmation)."""
+    approvals = approvals or {}
     denied = {d.index: d for d in completed.denied}
     finish = []
     for lane in completed.streamed_state.lanes:
@@ -236,6 +248,7 @@ def view(
         calls=tuple(f"{tool_id} {call_id}" for tool_id, call_id in calls),
         observed=tuple(f"{tool_id} {call_id} {observed.get(call_id, UNKNOWN)}" for tool_id, call_id in calls),
         finish=", ".join(finish),
+        approvals=tuple(f"{tool_id} {call_id} {approvals[call_id]}" for tool_id, call_id in calls if call_id in approvals),
     )
 
 
@@ -285,6 +298,7 @@ class _TurnReplayer:
         self.end: TurnEnd | None = None
         self.notes: list[str] = []            # of the round being replayed
         self.observed: dict[str, str] = {}    # call id → what it observed, in the round being replayed
+        self.consents: dict[str, str] = {}    # call id → the user's consent to it, in the round being replayed
 
     def run(self) -> TurnReplay:
         turn = self.turn
@@ -310,9 +324,11 @@ class _TurnReplayer:
         assert completed is not None
         results = self.turn.results
         recorded = view(completed, "".join(recorded_round.thinking), [(c.tool_id, c.call_id) for c in recorded_round.calls],
-                        {c.call_id: observation(results.get(c.call_id)) for c in recorded_round.calls})
+                        {c.call_id: observation(results.get(c.call_id)) for c in recorded_round.calls},
+                        self.turn.approvals)
         self.notes = []
         self.observed = {}
+        self.consents = {}
         self.machine.progress.round_no = number - 1  # the recording's numbering: crash-cut rounds count too
         if self.end is not None:
             replayed = NOT_REACHED
@@ -354,7 +370,8 @@ class _TurnReplayer:
             self._steered(result)
         else:
             self._advance(result)
-        return view(result.completed(turn_id, number, steered=recorded.steered), thinking, calls, self.observed)
+        return view(result.completed(turn_id, number, steered=recorded.steered), thinking, calls, self.observed,
+                    self.consents)
 
     def _steered(self, result: RoundResult) -> None:
         cut = self.machine.round_steered(result)
@@ -386,6 +403,26 @@ class _TurnReplayer:
         recorded = self.turn.results.get(call.call_id)
         if recorded is not None and recorded.tool_id != call.tool_id:
             recorded = None
+        if self.machine.needs_approval(call.call_id, decl):  # docs/design.md#execute-confirmation
+            asked = self.turn.approvals.get(call.call_id)
+            if asked is None:
+                self.consents[call.call_id] = UNKNOWN
+                self.observed[call.call_id] = UNKNOWN
+                self.machine.observe(call.call_id, None, decl)
+                self.notes.append(f"{call.tool_id} ({call.call_id}) would ask the user's approval under this profile; "
+                                  "nothing recorded says what they answer")
+                return
+            consent = Consent(asked)
+            self.machine.consented(call.call_id, consent)
+            self.consents[call.call_id] = consent.value
+            if not consent.runs:
+                recorded = ToolResult(turn_id=self.turn.turn_id, call_id=call.call_id, tool_id=call.tool_id, ok=False,
+                                      duration_ms=0, error=DENIED_BY_USER)
+                self.observed[call.call_id] = observation(recorded)
+                self.machine.observe(call.call_id, _observation(recorded), decl)
+                return
+        elif self.machine.may_run(call.call_id, decl) and recorded is not None and recorded.error == DENIED_BY_USER:
+            recorded = None  # the user refused it there; here it runs unasked: its result is unknown
         if decl is not None and decl.trait is Trait.EXPLORATION:
             spent = spend_exploration(self.explored, self.machine.exploration_cap)
             if spent is None:

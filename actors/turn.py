@@ -40,9 +40,12 @@ from actors.round import (
 )
 from actors.store.base import RoundOutput
 from actors.turn_machine import (
+    APPROVAL_OPTIONS,
+    DENIED_BY_USER,
     GIVE_UP_MESSAGES,
     ROUND_INTERRUPTED,
     Budget,
+    Consent,
     CutRound,
     Decide,
     End,
@@ -57,6 +60,7 @@ from actors.turn_machine import (
     cut_notice,
 )
 from protocol.events import (
+    Approval,
     AskUser,
     EndReason,
     EventData,
@@ -492,6 +496,7 @@ class Turn:
             await saved        # and the executor answers a call whose result is durable from the store
         pending = [*regular, *asks]
         try:
+            regular = await self._approvals(regular, pending, allow_steer=allow_steer)
             if regular:
                 batch = ctx.tools.execute_batch(
                     ctx.conversation_id, self.turn_id, regular,
@@ -511,6 +516,46 @@ class Turn:
                 self._observe(call, _steered(call))
             self.ctx.record(SteerBlock(self.turn_id, self._take_steer(), ""))
             raise
+
+    async def _approvals(self, calls: list[ToolCall], pending: list[ToolCall], *, allow_steer: bool) -> list[ToolCall]:
+        """Execute confirmation (docs/design.md#execute-confirmation): each call of a `confirm` tool
+        waits for the user's decision, through the ask_user protocol. The decisions are durable
+        before any call runs or is refused, so a crash never runs a call twice nor one never
+        approved; a batch resumed after a crash asks only what was not decided. Returns the calls
+        that may run; the others observe `denied_by_user`."""
+        ctx, m = self.ctx, self.machine
+        for call in calls:
+            if m.needs_approval(call.call_id, ctx.catalog.get(call.tool_id)):
+                ask = self._approve(call)
+                await (self._inner_task(ask) if allow_steer else ask)
+                saved = ctx.checkpoint()  # each decision durable at once: a crash never asks it again
+                if saved is not None:
+                    await saved
+        runnable = []
+        for call in calls:
+            if m.may_run(call.call_id, ctx.catalog.get(call.tool_id)):
+                runnable.append(call)
+                continue
+            decision = m.progress.approvals.get(call.call_id, Consent.DENIED)
+            self._observe(call, Observation(call.call_id, call.tool_id, ok=False, error=DENIED_BY_USER, detail={
+                "decision": decision, "message": "the user did not approve this call: it did not run"}))
+            pending.remove(call)
+        return runnable
+
+    async def _approve(self, call: ToolCall) -> None:
+        ctx, pol = self.ctx, self.ctx.policies
+        future = ctx.expect_answer(call.call_id)
+        self._emit(AskUser(turn_id=self.turn_id, ask_id=call.call_id, question=f"Run {call.tool_id}?",
+                           options=list(APPROVAL_OPTIONS), timeout_s=pol.ask_user_timeout_s, kind="approval",
+                           tool_id=call.tool_id, params=dict(call.params)))
+        try:
+            answer: str | None = await asyncio.wait_for(future, pol.ask_user_timeout_s)
+        except TimeoutError:
+            answer = None
+        finally:
+            ctx.forget_answer(call.call_id)
+        decision = self.machine.decide(call.call_id, answer)
+        self._emit(Approval(turn_id=self.turn_id, call_id=call.call_id, tool_id=call.tool_id, decision=decision.value))
 
     def _record_call(self, c: AcceptedCall) -> None:
         self.ctx.record(ToolCallBlock(self.turn_id, self._round_no, c.call.call_id, c.call.tool_id,

@@ -164,6 +164,8 @@ class TurnProgress(msgspec.Struct, kw_only=True):
     tool_calls: int = 0           # calls admitted to run (the tool-calls-per-turn quota)
     trace: dict[str, str] = msgspec.field(default_factory=dict)  # its message's trace (docs/design.md#tracing)
     caller: Caller | None = None  # who sent its message: what its tools know of who calls (docs/design.md#your-tools)
+    approvals: dict[str, str] = msgspec.field(default_factory=dict)  # call id → the user's Consent
+    approve_all: bool = False     # "Approve all": the rest of this turn's confirm calls run unasked
 
 
 # -- continuation: how a round's model stream ended, and what follows --------------------------------------
@@ -298,6 +300,30 @@ class SteerCut:
 
 
 Plan = End | Execute | Decide
+
+
+class Consent(StrEnum):
+    """The user's consent to a call: the answer to an approval request (docs/design.md#execute-confirmation)."""
+
+    APPROVED = "approved"
+    APPROVED_ALL = "approved_all"   # this call and the rest of the turn's
+    DENIED = "denied"
+    TIMEOUT = "timeout"
+
+    @property
+    def runs(self) -> bool:
+        return self in (Consent.APPROVED, Consent.APPROVED_ALL)
+
+
+# The options an approval request offers, and what each one decides.
+APPROVE: Final = "Approve"
+DENY: Final = "Deny"
+APPROVE_ALL: Final = "Approve all"
+APPROVAL_OPTIONS: Final = (APPROVE, DENY, APPROVE_ALL)
+APPROVAL_ANSWERS: Final[Mapping[str, Consent]] = {
+    APPROVE: Consent.APPROVED, DENY: Consent.DENIED, APPROVE_ALL: Consent.APPROVED_ALL,
+}
+DENIED_BY_USER: Final = "denied_by_user"
 
 
 class Budget(StrEnum):
@@ -496,6 +522,34 @@ class TurnMachine:
             return Budget.RESET
         p.exploration_stopped = True
         return Budget.STOP
+
+    # -- execute confirmation (docs/design.md#execute-confirmation) ---------------------------------
+
+    def needs_approval(self, call_id: str, decl: ToolDecl | None) -> bool:
+        """A call of a `confirm` tool waits for the user, unless they approved all for this turn or
+        already decided on this very call (a batch a crash cut is resumed with its decisions)."""
+        p = self.progress
+        return decl is not None and decl.confirm and not p.approve_all and call_id not in p.approvals
+
+    def decide(self, call_id: str, answer: str | None) -> Consent:
+        """The user's answer (None: none came in time) to the approval of `call_id`. Anything but an
+        offered approval denies: a call runs only on a yes."""
+        consent = Consent.TIMEOUT if answer is None else APPROVAL_ANSWERS.get(answer, Consent.DENIED)
+        self.consented(call_id, consent)
+        return consent
+
+    def consented(self, call_id: str, consent: Consent) -> None:
+        """Record the user's consent to `call_id` (replay passes the recorded one)."""
+        self.progress.approvals[call_id] = consent.value
+        if consent is Consent.APPROVED_ALL:
+            self.progress.approve_all = True
+
+    def may_run(self, call_id: str, decl: ToolDecl | None) -> bool:
+        """Whether a call may run now: no approval needed, or one given."""
+        if decl is None or not decl.confirm:
+            return True
+        decided = self.progress.approvals.get(call_id)
+        return Consent(decided).runs if decided is not None else self.progress.approve_all
 
     def observed(self) -> None:
         """The round's calls are all observed: decide again."""

@@ -51,6 +51,7 @@ from client.session import (
 )
 from protocol.events import (
     AnswerDelta,
+    Approval,
     AskUser,
     ConversationDeleted,
     EndReason,
@@ -264,7 +265,7 @@ class Chat:
                     self.awaited_turn_id = turn_id
             case AskUser() as ask:
                 self.pending_ask = ask
-            case ToolResult(call_id=call_id):
+            case ToolResult(call_id=call_id) | Approval(call_id=call_id):
                 if self.pending_ask is not None and self.pending_ask.ask_id == call_id:
                     self.pending_ask = None  # answered (here or elsewhere) or timed out
             case TurnCompleted(turn_id=turn_id) as done:
@@ -405,6 +406,11 @@ class Transcript:
                 outcome = "ok" if result.ok else "error"
                 return self._line(f"← {result.tool_id} {outcome} {result.duration_ms} ms {compact(result.payload())}",
                                   outcome)
+            case AskUser(question=question, options=options, kind="approval", tool_id=tool_id, params=params):
+                # A confirm tool waits for the user's yes (docs/design.md#execute-confirmation).
+                lines = self._line(f"? {question} {tool_id} {compact(params or {})}", "ask")
+                lines += [(f"  {n}. {option}\n", "ask") for n, option in enumerate(options, 1)]
+                return [*lines, ("  answer with a number\n", "info")]
             case AskUser(question=question, options=options):
                 lines = self._line(f"? {question}", "ask")
                 lines += [(f"  {n}. {option}\n", "ask") for n, option in enumerate(options, 1)]
@@ -425,6 +431,8 @@ class Transcript:
                 return []  # its notice already says it; the payload is for operators
             case ConversationDeleted():
                 return []  # the session's `Deleted` says it, whoever deleted it
+            case Approval(tool_id=tool_id, decision=decision):
+                return self._line(f"{tool_id}: {decision.replace('_', ' ')}", "notice")
             case Trace() as trace:
                 return self._line(f"trace {trace.__struct_config__.tag}", "notice")
             case TurnCompleted() as done:

@@ -139,12 +139,19 @@ class ToolResult(EventData, frozen=True):
 
 
 class AskUser(EventData, frozen=True):
+    """A question the turn waits on: the model's (`react.ask_user`), or an approval the runtime asks
+    before a `confirm` tool runs (`kind` "approval", with the call's tool and validated params,
+    docs/design.md#execute-confirmation). The client answers with one of `options`."""
+
     KIND: ClassVar[str] = "ask_user"
     turn_id: str
     ask_id: str
     question: str
     options: list[str]
     timeout_s: int | float
+    kind: str = "question"              # or "approval"; omitted when "question"
+    tool_id: str | None = None          # an approval's call
+    params: dict[str, Any] | None = None
 
 
 class UiCommand(EventData, frozen=True):
@@ -252,7 +259,18 @@ class Salvaged(Trace, frozen=True, tag="salvaged"):
     partial: bool = False
 
 
-TraceData = IllegalFinish | NoToolFinish | IterationLimit | Salvaged
+class Approval(Trace, frozen=True, tag="approval"):
+    """The user's decision on a call of a `confirm` tool (docs/design.md#execute-confirmation):
+    `approved` (it runs, once), `approved_all` (it and the rest of the turn's), `denied` or `timeout`
+    (it never runs). Logged before the call runs or is refused; replay reads it."""
+
+    turn_id: str
+    call_id: str
+    tool_id: str
+    decision: str
+
+
+TraceData = IllegalFinish | NoToolFinish | IterationLimit | Salvaged | Approval
 
 
 # -- the end of a conversation: sent, never stored -------------------------------------------------

@@ -20,7 +20,7 @@ import pytest
 
 from actors.catalog import Safety
 from actors.conversation import Runtime
-from actors.hosting.backend import Steer, UserMessage
+from actors.hosting.backend import Answer, Steer, UserMessage
 from actors.hosting.local import LocalBackend
 from actors.identity import Owner
 from actors.llm.scripts import parse_script, register_script
@@ -616,3 +616,56 @@ def test_the_command_reads_a_postgresql_store_too(
 def test_a_store_password_is_never_printed() -> None:
     assert replay_command.redacted("postgresql://app:s3cret@db:5432/x") == "postgresql://app:***@db:5432/x"
     assert replay_command.redacted("sqlite:///data/x.db") == "sqlite:///data/x.db"
+
+
+# -- execute confirmation (docs/design.md#execute-confirmation) ---------------------------------------
+
+PROFILE_CONFIRM = "confirm_writes = true\n" + PROFILE_A
+APPROVE_TURN = [step("demo.focus_project", name="groceries"), step("demo.write_note", text="milk"), answer("Noted.")]
+
+
+async def record_answering(path: Path, rounds: Sequence[Mapping[str, Any]], profile_text: str, consent: str) -> Recording:
+    """Under `profile_text`, one turn played to its end, each approval it asks answered `consent`."""
+    backend = local_backend(path, scripted(profile_text, rounds))
+    await backend.start()
+    try:
+        cid = (await backend.open(OWNER, None, None, None)).conversation_id
+
+        def answer_approvals(batch: Sequence[Event]) -> None:
+            for e in batch:
+                if e.event == "ask_user" and e.data.kind == "approval":  # type: ignore[union-attr]
+                    asyncio.get_running_loop().create_task(backend.command(
+                        OWNER, cid, Answer(id=f"a-{next(_names)}", ask_id=e.data.ask_id, answer=consent)))  # type: ignore[union-attr]
+
+        backend.host.listen(cid, answer_approvals)
+        await backend.command(OWNER, cid, UserMessage(id=f"m-{next(_names)}", text="note milk"))
+        await asyncio.wait_for(backend.host.idle(cid), TIMEOUT)
+    finally:
+        await backend.stop()
+    return Recording(sqlite_url(path), cid)
+
+
+async def test_approvals_replay_as_recorded_under_their_own_profile(tmp_path: Path) -> None:
+    rec = await record_answering(tmp_path / "s.db", APPROVE_TURN, PROFILE_CONFIRM, "Approve")
+    report = await rec.replay(governance(PROFILE_CONFIRM))
+    assert not report.differs
+    [note_round] = [r for r in report.turns[0].rounds if r.recorded.approvals]
+    assert note_round.recorded.approvals == note_round.replayed.approvals == ("demo.write_note t1.2.0 approved",)
+
+
+async def test_a_profile_without_confirmation_would_run_what_the_user_denied(tmp_path: Path) -> None:
+    rec = await record_answering(tmp_path / "s.db", APPROVE_TURN, PROFILE_CONFIRM, "Deny")
+    report = await rec.replay(governance(PROFILE_A))
+    [note_round] = [r for r in report.turns[0].rounds if r.recorded.approvals]
+    assert note_round.recorded.approvals == ("demo.write_note t1.2.0 denied",)
+    assert note_round.recorded.observed == ("demo.write_note t1.2.0 error denied_by_user",)
+    assert note_round.replayed.approvals == () and note_round.replayed.observed == ("demo.write_note t1.2.0 unknown",)
+    assert set(note_round.differs) == {"observed", "approvals"}
+
+
+async def test_a_profile_that_asks_where_the_recording_did_not_cannot_know_the_answer(tmp_path: Path) -> None:
+    rec = await record(tmp_path / "s.db", APPROVE_TURN, "note milk")
+    report = await rec.replay(governance(PROFILE_CONFIRM))
+    [note_round] = [r for r in report.turns[0].rounds if r.replayed.approvals]
+    assert note_round.replayed.approvals == ("demo.write_note t1.2.0 unknown",)
+    assert any("approval" in n for n in note_round.notes)

@@ -35,6 +35,7 @@ class ToolMeta:
     description: str
     uses_code: bool
     transitions_state: bool
+    confirm: bool = False
 
 
 def tool(
@@ -44,9 +45,11 @@ def tool(
     description: str = "",
     uses_code: bool = False,
     transitions_state: bool = False,
+    confirm: bool = False,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Declare a function a tool. The function is returned unchanged (callable, testable as is)."""
-    meta = ToolMeta(Trait(trait), Safety(safety), description, uses_code, transitions_state)
+    """Declare a function a tool. The function is returned unchanged (callable, testable as is).
+    `confirm`: each call waits for the user's approval (docs/design.md#execute-confirmation)."""
+    meta = ToolMeta(Trait(trait), Safety(safety), description, uses_code, transitions_state, confirm)
 
     def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
         setattr(fn, MARK, meta)
@@ -113,4 +116,4 @@ def function_tool(tool_id: str, fn: Callable[..., Any], meta: ToolMeta) -> Tool[
 
     description = meta.description or (inspect.getdoc(fn) or "").split("\n\n")[0].replace("\n", " ")
     return Tool(tool_id, params_model, handler, meta.trait, meta.safety, meta.uses_code,
-                meta.transitions_state, description)
+                meta.transitions_state, description, meta.confirm)

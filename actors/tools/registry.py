@@ -73,6 +73,7 @@ class Tool(Generic[P]):
     uses_code: bool = False
     transitions_state: bool = False
     description: str = ""
+    confirm: bool = False   # the user approves each call first (docs/design.md#execute-confirmation)
     # A tool described by a JSON Schema instead of a pydantic model (an MCP tool's inputSchema):
     # calls are validated against it, and the handler gets a `SchemaParams` holding the params.
     params_schema: Mapping[str, Any] | None = None
@@ -84,6 +85,7 @@ class Tool(Generic[P]):
             safety=self.safety,
             uses_code=self.uses_code,
             transitions_state=self.transitions_state,
+            confirm=self.confirm,
             description=self.description,
             params_schema=self.params_schema if self.params_schema is not None else self.params_model.model_json_schema(),
         )

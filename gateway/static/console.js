@@ -542,7 +542,11 @@ class View {
         }
         return;
       case "trace":
-        if (d.kind !== "illegal_finish") this.section(turnId).append(el("div", "meta", "trace " + d.kind));
+        if (d.kind === "approval") {
+          this.section(turnId).append(el("div", "meta", `${d.tool_id}: ${d.decision.replace("_", " ")}`));
+        } else if (d.kind !== "illegal_finish") {
+          this.section(turnId).append(el("div", "meta", "trace " + d.kind));
+        }
         return;
       case "turn.completed": {
         if (this.runningTurn === turnId) this.runningTurn = null;
@@ -583,9 +587,11 @@ class View {
   }
 
   askUser(turnId, d) {
-    const card = el("div", "ask");
+    const approval = d.kind === "approval";  // a confirm tool waits for the user's yes (design.md#execute-confirmation)
+    const card = el("div", approval ? "ask approval" : "ask");
     card.dataset.ask = d.ask_id;
     card.append(el("div", "question", d.question || "(question)"));
+    if (approval) card.append(el("div", "params mono", `${d.tool_id} ${compact(d.params || {})}`));
     const send = (text) => {
       if (card.classList.contains("resolved") || !text) return;
       this.session.command("answer", { ask_id: d.ask_id, answer: text });
@@ -601,14 +607,16 @@ class View {
       }
       card.append(opts);
     }
-    const free = el("form", "free");
-    const input = el("input");
-    input.placeholder = "or type an answer";
-    const ok = el("button", "", "Answer");
-    ok.type = "submit";
-    free.append(input, ok);
-    free.addEventListener("submit", (ev) => { ev.preventDefault(); send(input.value.trim()); });
-    card.append(free);
+    if (!approval) {  // an approval is a yes or a no: its three buttons
+      const free = el("form", "free");
+      const input = el("input");
+      input.placeholder = "or type an answer";
+      const ok = el("button", "", "Answer");
+      ok.type = "submit";
+      free.append(input, ok);
+      free.addEventListener("submit", (ev) => { ev.preventDefault(); send(input.value.trim()); });
+      card.append(free);
+    }
     if (d.timeout_s) card.append(el("div", "meta", `waits up to ${d.timeout_s} s`));
     this.asks.set(d.ask_id, card);
     this.section(turnId).append(card);
