@@ -24,7 +24,7 @@ import pytest
 
 from actors.hosting.backend import Backend
 from actors.llm.scripts import parse_script, register_script
-from actors.profile import parse_profile
+from actors.profile import BUILTIN_DIR, parse_profile
 from gateway.app import AgentSetup, agent_setup, build_backend
 from gateway.app import local_backend as assembled_backend
 from gateway.server import STATIC_DIR
@@ -276,6 +276,44 @@ def ask_backend(tmp_path: Path) -> Any:
     script = tmp_path / "ask.json"
     script.write_text(json.dumps(ASK_SCRIPT))
     return build_backend(Settings(backend="local", port=0, store=f"sqlite:///{tmp_path}/ask.sqlite3", script=script))
+
+
+def confirm_backend(tmp_path: Path) -> Any:
+    """The demo agent with `confirm_writes = true`, playing: focus a project, write a note, answer."""
+    def step(tool_id: str, **params: Any) -> dict[str, str]:
+        return {"text": "<channel:thinking>Working.</channel:thinking><channel:action>"
+                + json.dumps({"action": "call_tool", "tool_call": {"tool_id": tool_id, "params": params}})
+                + "</channel:action>"}
+
+    script = tmp_path / "confirm.json"
+    script.write_text(json.dumps({"rounds": [
+        step("demo.focus_project", name="groceries"), step("demo.write_note", text="milk"),
+        {"text": "<channel:thinking>Done.</channel:thinking><channel:action>"
+                 + json.dumps({"action": "complete", "final_answer": "Noted."}) + "</channel:action>"},
+    ]}))
+    profile = tmp_path / "confirm.toml"
+    profile.write_text("confirm_writes = true\n" + (BUILTIN_DIR / "demo.toml").read_text())
+    return build_backend(Settings(backend="local", port=0, store=f"sqlite:///{tmp_path}/confirm.sqlite3",
+                                  script=script, agent=str(profile)))
+
+
+@pytest.mark.slow
+async def test_an_approval_shows_the_call_and_its_params_and_approve_runs_it(tmp_path: Path) -> None:
+    """Execute confirmation in the page (docs/design.md#execute-confirmation): the request names the
+    tool and its params, offers exactly the three decisions, and a click on Approve runs the call."""
+    async with gateway(confirm_backend(tmp_path)) as (_, port), browser_page() as page:
+        await page.goto(f"http://127.0.0.1:{port}/")
+        await send(page, "note milk")
+        await page.wait_for_selector(".ask.approval .options button")
+        assert await page.inner_text(".ask.approval .params") == 'demo.write_note {"text":"milk"}'
+        buttons = await page.locator(".ask.approval .options button").all_inner_texts()
+        assert buttons == ["Approve", "Deny", "Approve all"]
+        assert await page.locator(".ask.approval form.free").count() == 0   # a yes or a no, nothing typed
+        await page.click(".ask.approval .options button:has-text('Approve')")
+        await page.wait_for_selector(".done.ok")
+        assert "demo.write_note: approved" in await page.inner_text("#transcript")
+        sent = [f for s in await page.evaluate("window.wsSockets") for f in s["sent"] if f["type"] == "answer"]
+        assert [f["answer"] for f in sent] == ["Approve"]
 
 
 @pytest.mark.slow

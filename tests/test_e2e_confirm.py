@@ -168,8 +168,12 @@ async def ray_gateway(ray_agent: dict[str, Any]) -> AsyncIterator[tuple[str, Any
 
     root, agent = ray_agent["root"], ray_agent["agent"]
     profile = agent.profile.with_script("confirm-acme")
+    # A twin whose approvals time out at once, for the unanswered case.
+    quick = profile.model_copy(update={"name": "acme-quick", "policies": profile.policies.model_copy(
+        update={"ask_user_timeout_s": 0.2})})
     config = RayConfig(store_url=f"sqlite:///{root / 'ray.sqlite3'}", registry=agent.registry,
-                       profiles={"acme": profile}, scripts={"confirm-acme": str(root / "script.json")}, hosts=1)
+                       profiles={"acme": profile, "acme-quick": quick},
+                       scripts={"confirm-acme": str(root / "script.json")}, hosts=1)
     backend = RayBackend(config, default_agent="acme")
     server = GatewayServer(Settings(host="127.0.0.1", port=0, backend="ray", auth_secret=SECRET), backend)
     host, port = await server.start()
@@ -236,13 +240,18 @@ async def test_approve_all_covers_the_rest_of_the_turn_only(
         assert decisions(c, cid)[1:] == [("t2.1.0", "approved"), ("t2.1.1", "denied")]
 
 
-async def test_an_approval_nobody_answers_times_out_and_the_call_never_runs(agent_dir: Path) -> None:
-    async with serve(agent_dir, timeout_s=0.2) as process, client(process.url, bearer=token("alice", secret=SECRET)) as c:
-        cid = await c.open()
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_an_approval_nobody_answers_times_out_and_the_call_never_runs(
+    backend: str, agent_dir: Path, request: pytest.FixtureRequest,
+) -> None:
+    agent = "acme" if backend == "local" else "acme-quick"
+    async with gateway_of(backend, agent_dir, request, timeout_s=0.2) as (url, where), client(
+            url, bearer=token("alice", secret=SECRET)) as c:
+        cid = await c.open(agent=agent)
         await c.subscribe(cid)
         await c.say(cid, "one: cancel A1", id="m1")
         await approvals_and_done(c, cid, {})
-    assert runs(agent_dir) == [] and decisions(c, cid) == [("t1.1.0", "timeout")]
+    assert runs(where) == [] and decisions(c, cid) == [("t1.1.0", "timeout")]
     assert results(c, cid)["t1.1.0"]["detail"]["decision"] == "timeout"
 
 
