@@ -67,6 +67,9 @@ class MockStats:
     streams_aborted: int = 0          # the client went away mid-stream
     refused: int = 0                  # requests a real provider would refuse, refused with its 400
     refusals: list[str] = field(default_factory=list)   # the rule that refused each (the last 1,000), as `wire.rule`
+    # The function names each request of a conversation offered, in order (the last 100 conversations):
+    # what a test of native rounds checks the request's `tools` by (docs/design.md#native).
+    offered: dict[str, list[list[str]]] = field(default_factory=dict)
     _changed: asyncio.Event | None = field(default=None, repr=False)
 
     def refuse(self, rule: str) -> None:
@@ -76,7 +79,14 @@ class MockStats:
 
     def as_json(self) -> dict[str, Any]:
         return {"requests": self.requests, "streams_completed": self.streams_completed,
-                "streams_aborted": self.streams_aborted, "refused": self.refused, "refusals": list(self.refusals)}
+                "streams_aborted": self.streams_aborted, "refused": self.refused, "refusals": list(self.refusals),
+                "offered": self.offered}
+
+    def note_tools(self, conversation: str, tools: Any) -> None:
+        names = [str((t.get("function") or t).get("name")) for t in tools or [] if isinstance(t, dict)]
+        self.offered.setdefault(conversation, []).append(names)
+        while len(self.offered) > 100:
+            del self.offered[next(iter(self.offered))]
 
     def _bump(self, name: str) -> None:
         setattr(self, name, getattr(self, name) + 1)
@@ -161,6 +171,7 @@ async def _serve(wire: MockWire, request: web.Request) -> web.StreamResponse:
 
     messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
     conversation, index = playback_position(request.headers)
+    stats.note_tools(conversation or "", body.get("tools"))
     if index is None:
         index = request.app[_COUNTER].next(conversation or "")
     try:
