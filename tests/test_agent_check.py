@@ -297,3 +297,14 @@ def test_a_directory_is_its_profiles_and_two_of_one_name_fail_together(
     assert [r["ok"] for r in each] == [True, True]
     assert together == {"ok": False, "profile": "together", "problems": [
         f"{tmp_path / 'acme.toml'} and {twin} both define the agent 'acme': agent names must be unique"]}
+
+
+def test_the_decision_protocol_in_force_is_named_with_each_tools_function(capsys: pytest.CaptureFixture[str]) -> None:
+    from actors.profile import BUILTIN_DIR
+
+    assert main(["agent", "check", str(BUILTIN_DIR / "demo_native.toml")]) == 0
+    out = capsys.readouterr().out
+    assert "decision protocol: native (the model's function calling)" in out
+    assert "demo_weather" in out          # the function the tool is offered as
+    assert main(["agent", "check", "--json", str(BUILTIN_DIR / "demo.toml")]) == 0
+    assert json.loads(capsys.readouterr().out)["decision"] == "channels"

@@ -168,3 +168,20 @@ def test_an_inconsistent_profile_cannot_be_constructed_directly() -> None:
 ])
 def test_the_listed_description_is_the_profiles_else_its_instructions_first_line(extra: str, summary: str) -> None:
     assert load_profile(MINIMAL + extra + "\n", known_tools=None).summary == summary
+
+
+def test_two_tools_that_become_the_same_function_stop_a_native_profile_naming_both() -> None:
+    """docs/design.md#native: a function name is the tool id with `.` (and anything else providers
+    refuse) as `_`; two ids with one name could not be told apart in the model's calls."""
+    text = 'name = "a"\nmodel = "openai/x"\ndecision = "native"\n[[tools]]\nid = "acme.lookup"\nimpl = "m:f"\n' \
+           '[[tools]]\nid = "acme_lookup"\nimpl = "m:g"\n'
+    with pytest.raises(ProfileError, match=r"'acme\.lookup' and 'acme_lookup' both become the function 'acme_lookup'"):
+        load_profile(text, known_tools=None)
+    load_profile(text.replace('decision = "native"\n', ""), known_tools=None)   # the channel protocol names tools by their ids
+
+
+def test_the_decision_protocol_is_channels_unless_the_profile_says_native() -> None:
+    assert load_profile('name = "a"\nmodel = "openai/x"\n', known_tools=None).decision == "channels"
+    assert load_profile('name = "a"\nmodel = "openai/x"\ndecision = "native"\n', known_tools=None).decision == "native"
+    with pytest.raises(ProfileError, match="decision"):
+        load_profile('name = "a"\nmodel = "openai/x"\ndecision = "tools"\n', known_tools=None)

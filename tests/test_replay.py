@@ -25,6 +25,7 @@ from actors.hosting.local import LocalBackend
 from actors.identity import Owner
 from actors.llm.scripts import parse_script, register_script
 from actors.llm.stream import stream_model
+from actors.native import is_native, replayed
 from actors.profile import AgentProfile, load_profile
 from actors.replay import Governance, ReplayReport, TurnEnd, replay
 from actors.store import RoundOutput, store_from_url
@@ -669,3 +670,55 @@ async def test_a_profile_that_asks_where_the_recording_did_not_cannot_know_the_a
     [note_round] = [r for r in report.turns[0].rounds if r.replayed.approvals]
     assert note_round.replayed.approvals == ("demo.write_note t1.2.0 unknown",)
     assert any("approval" in n for n in note_round.notes)
+
+
+# -- native rounds (docs/design.md#native): recorded as their deltas, replayed as such ------------------------
+
+NATIVE_A = 'decision = "native"\n' + PROFILE_A
+NATIVE_B = 'decision = "native"\n' + PROFILE_B
+
+
+def native_step(function: str, say: str = "", **params: Any) -> dict[str, Any]:
+    parts: list[dict[str, Any]] = [{"text": say}] if say else []
+    return {"native": [*parts, {"call": {"name": function, "arguments": params}}]}
+
+
+NATIVE_NOTE_TURN = [
+    native_step("demo_focus_project", say="Let me focus.", name="groceries"),
+    native_step("demo_write_note", text="milk"),
+    {"native": [{"text": "Noted: milk."}]},
+]
+
+
+async def record_native(path: Path, rounds: Sequence[Mapping[str, Any]]) -> Recording:
+    backend = local_backend(path, scripted(NATIVE_A, rounds))
+    await backend.start()
+    try:
+        cid = (await backend.open(OWNER, None, None, None)).conversation_id
+        await backend.command(OWNER, cid, UserMessage(id=f"m-{next(_names)}", text="note milk"))
+        await asyncio.wait_for(backend.host.idle(cid), TIMEOUT)
+    finally:
+        await backend.stop()
+    return Recording(sqlite_url(path), cid)
+
+
+async def test_a_native_round_is_stored_as_its_deltas_and_replays_as_recorded(tmp_path: Path) -> None:
+    rec = await record_native(tmp_path / "s.db", NATIVE_NOTE_TURN)
+    _, outputs = await rec.load()
+    assert all(is_native(o.raw) for o in outputs)
+    deltas = [type(d).__name__ for d in replayed(outputs[1].raw)]   # the deltas themselves, not flattened text
+    assert deltas[0] == "ToolCallStart" and deltas[-1] == "ToolCallEnd" and set(deltas[1:-1]) == {"ToolCallArgs"}
+
+    report = await rec.replay(governance(NATIVE_A))
+    assert [t.skipped for t in report.turns] == [""] and not report.differs
+    assert report.turns[0].rounds[1].replayed.observed == ("demo.write_note t1.2.0 ok",)
+
+
+async def test_a_native_call_the_other_profile_lacks_is_denied_on_replay(tmp_path: Path) -> None:
+    rec = await record_native(tmp_path / "s.db", NATIVE_NOTE_TURN)
+    report = await rec.replay(governance(NATIVE_B))
+    second = report.turns[0].rounds[1]
+    assert second.recorded.accepted == ("0 call_tool demo.write_note",) and second.replayed.accepted == ()
+    # B has no such function: the name the model wrote is refused as it stands
+    assert second.replayed.denied == ("0 demo_write_note protocol_violation.tool_call_invalid",)
+    assert "calls" in second.differs and "observed" in second.differs
