@@ -149,7 +149,11 @@ class AskUser(EventData, frozen=True):
     question: str
     options: list[str]
     timeout_s: int | float
-    kind: str = "question"              # or "approval"; omitted when "question"
+    # "approval", or None (omitted) for the model's question. Not a "question" default: msgspec's
+    # omit_defaults compares a str default by identity, and an event unpickled in a Ray gateway holds
+    # an equal but other str, so the live frame would carry a key the stored one omits (guarantee:
+    # live and replayed frames are byte-identical, docs/wire-protocol.md §10).
+    kind: str | None = None
     tool_id: str | None = None          # an approval's call
     params: dict[str, Any] | None = None
 

@@ -13,6 +13,7 @@ pinned below.
 from __future__ import annotations
 
 import json
+import pickle
 import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -22,7 +23,9 @@ import pytest
 
 from actors.round import interrupted_round
 from actors.turn_machine import ROUND_INTERRUPTED
-from protocol.events import EVENT_KINDS, Event, decode_data, encode_data
+from protocol import events as events_module
+from protocol import frames as frames_module
+from protocol.events import EVENT_KINDS, AskUser, Event, decode_data, encode_data
 from protocol.frames import decode_server_frame, encode_event
 from tests.convkit import (
     Harness,
@@ -215,3 +218,30 @@ def test_the_round_a_crash_cut_reports_interrupted() -> None:
         "notices": [{"code": "round_interrupted", "message": ROUND_INTERRUPTED.message}],
         "interrupted": True,
     }
+
+
+def _structs(module: object) -> list[type[msgspec.Struct]]:
+    found = [v for v in vars(module).values() if isinstance(v, type) and issubclass(v, msgspec.Struct)]
+    return [cls for cls in found if cls.__struct_config__.omit_defaults]
+
+
+@pytest.mark.parametrize("cls", [*_structs(events_module), *_structs(frames_module)], ids=lambda c: c.__name__)
+def test_no_omitted_default_changes_identity_through_pickle(cls: type[msgspec.Struct]) -> None:
+    """msgspec's omit_defaults drops a value only when it *is* the default object. An event crosses
+    Ray pickled; a default that comes back as an equal but other object (a non-empty str, a float, a
+    large int) would be sent on the live path and omitted on replay, so the same event would have two
+    byte forms. Every omitted default must survive pickling as itself (None, bools, small ints, '')."""
+    for field in msgspec.structs.fields(cls):
+        default = field.default
+        if default is msgspec.NODEFAULT:
+            continue
+        assert pickle.loads(pickle.dumps(default)) is default, (
+            f"{cls.__name__}.{field.name} = {default!r}: an unpickled copy is another object")
+
+
+def test_a_question_pickled_as_ray_carries_it_encodes_as_stored() -> None:
+    asked = Event.of("c", 7, ts=1.0, data=AskUser(
+        turn_id="t1", ask_id="t1.1.0", question="Which city?", options=["Paris", "Oslo"], timeout_s=300))
+    live = encode_event(pickle.loads(pickle.dumps(asked)))  # as a Ray gateway gets it from a host
+    assert live == encode_event(asked)
+    assert b'"kind"' not in live  # docs/wire-protocol.md#ask_user: omitted for the model's question

@@ -246,7 +246,9 @@ async def test_stats_endpoint_reports_what_was_served(server: Server) -> None:
         await (await http.post(f"{server.base}/chat/completions", json={"model": "m", "messages": MESSAGES},
                                headers={CONVERSATION_HEADER: "c", CALL_INDEX_HEADER: "0"})).read()
         stats = await (await http.get(server.base.removesuffix("/v1") + "/stats")).json()
-    assert stats == {"requests": 1, "streams_completed": 0, "streams_aborted": 0, "refused": 0, "refusals": []}
+    # The request offered no functions: conversation "c" is recorded with one empty list of names.
+    assert stats == {"requests": 1, "streams_completed": 0, "streams_aborted": 0, "refused": 0, "refusals": [],
+                     "offered": {"c": [[]]}}
 
 
 # -- the Anthropic Messages wire -------------------------------------------------------------------

@@ -69,7 +69,8 @@ def test_dev_serve_starts_the_demo_and_drains(tmp_path: Path) -> None:
             time.sleep(0.25)
         events = asyncio.run(_demo_turn(port))
         names = [e["event"] for e in events]
-        assert names[0] == "turn.started" and "tool.call" in names and "answer.delta" in names
+        assert names[:2] == ["user.message", "turn.started"] and "tool.call" in names and "answer.delta" in names
+        assert events[0]["data"] == {"message_id": "u", "text": "What's the weather in Paris?"}
         done = events[-1]["data"]
         assert isinstance(done, dict) and done["reason"] == "complete" and "Paris" in done["final_answer"]
         os.killpg(proc.pid, signal.SIGTERM)
