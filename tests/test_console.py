@@ -1,5 +1,7 @@
 """The web console at GET / (docs/wire-protocol.md#12-http-endpoints-on-the-same-port): served by the gateway, dependency-free, and working in
-a real browser — streaming, ask_user buttons, and resume after a drain.
+a real browser — streaming, ask_user buttons, and resume after a drain. Its protocol rules are those
+of gateway/static/reactgate.js, the JavaScript client, which it loads as an ES module (the client's
+own tests, under Node against a real gateway: tests/test_js.py).
 
 The browser tests drive Debian's Chromium through Playwright for Python. Without either they skip
 with the reason, except under CI (CI=true), where a missing browser is a failure: CI's setup must
@@ -72,16 +74,27 @@ async def test_the_console_is_served_at_root_as_html() -> None:
             assert status == 200
             assert headers["content-type"].startswith("text/html")
             assert b"<title>reactgate console</title>" in body
-            assert b'src="/static/console.js"' in body
+            assert b'<script type="module" src="/static/console.js">' in body
 
 
-@pytest.mark.parametrize(("name", "content_type"), [("console.js", "javascript"), ("console.css", "text/css")])
+@pytest.mark.parametrize(
+    ("name", "content_type"),
+    [("console.js", "javascript"), ("reactgate.js", "javascript"), ("console.css", "text/css")],
+)
 async def test_the_console_assets_are_served_from_static(name: str, content_type: str) -> None:
     async with running() as h:
         status, headers, body = await http_get(h.host, h.port, f"/static/{name}")
         assert status == 200
         assert content_type in headers["content-type"]
         assert body == (STATIC_DIR / name).read_bytes()
+
+
+def test_the_console_takes_its_protocol_rules_from_reactgate_js() -> None:
+    """One copy of the client rules in the browser: console.js imports the client, keeps no table."""
+    console = (STATIC_DIR / "console.js").read_text(encoding="utf-8")
+    assert re.search(r"""^import \{[^}]*\bReactgateClient\b[^}]*\} from "\./reactgate\.js";$""", console, re.M)
+    for rule in ("ERROR_REACTIONS", "RESENT_AFTER_RECONNECT", "after_seq", "new WebSocket"):
+        assert rule not in console, rule
 
 
 def test_the_console_has_no_external_dependencies() -> None:
@@ -141,8 +154,11 @@ async def answer_text(page: Any) -> str:
 @pytest.mark.slow
 async def test_the_console_streams_a_turn_in_chromium(tmp_path: Path) -> None:
     async with gateway(local_backend(tmp_path)) as (_, port), browser_page() as page:
+        loaded: list[str] = []
+        page.on("response", lambda response: loaded.append(f"{response.status} {response.url}"))
         await page.goto(f"http://127.0.0.1:{port}/")
         await page.wait_for_selector("#status-dot.up")
+        assert f"200 http://127.0.0.1:{port}/static/reactgate.js" in loaded  # the client, as a module
         await send(page, "weather in Paris?")
         await page.wait_for_selector(".answer")  # streaming has begun
         await page.wait_for_selector(".done.ok")

@@ -1,58 +1,17 @@
 // reactgate web console: one conversation over /ws (subprotocol reactgate.v1), no dependencies.
 //
-// `Session` follows the rules of client/session.py, the reference implementation of the client side
-// of the protocol (docs/wire-protocol.md#13-writing-a-client-checklist); keep the two in step:
-// - the first `open` creates the conversation; after a reconnect it is re-opened (never with a mode:
-//   the mode is sticky on the server); nothing but the open is sent before its ack;
-// - on the open ack: subscribe after the last seq drawn, then send every pending command — again
-//   with the same id after a reconnect (RESENT_AFTER_RECONNECT); an unacked cancel is never sent
-//   again (a repeat could cancel the next turn) and the user is told it may not have arrived;
-// - an event with seq <= the last drawn is dropped; a gap is never drawn and re-subscribes from the
-//   last drawn seq, once per subscription in flight;
-// - error frames: ERROR_REACTIONS, the same table as client/session.py.
-// `Session` never touches the DOM beyond calling `View`. The conversation id lives in the URL hash,
-// so a reload replays the conversation. The agent of a new conversation is the one picked in the
-// header's select, filled from GET /agents (docs/wire-protocol.md#get-agents) and sent as `open`'s
-// `agent`; picking another starts a new conversation with it (a conversation keeps its agent).
-"use strict";
-
-const SUBPROTOCOL = "reactgate.v1";
-const RESENT_AFTER_RECONNECT = { user_message: true, steer: true, answer: true, set_mode: true, cancel: false };
-const BACKOFF_BASE_MS = 200;
-const BACKOFF_CAP_MS = 5000;
-const RETRY_PAUSE_MS = 500; // a frame the server did not process (rate_limited) is sent again after this
-// The gateway closes a connection at its token's `exp` (docs/wire-protocol.md#6-close-codes). The
-// console's token is the page URL's ?token=: reconnecting would only be refused with it, so the
-// session stops and the user signs in again (a new page URL with a fresh token).
-const TOKEN_EXPIRED = 4001;
-
-// (code, what the error answers) -> what the session does; columns: open, head, subscribe, command,
-// stream (no id, our conversation). The console never checks the head; the column is kept so
-// the table reads the same as client/session.py's ERROR_REACTIONS.
-const FATAL = "fatal", RESUBSCRIBE = "resubscribe", RETRY = "retry", DROP = "drop", REPORT = "report";
-const ERROR_TARGETS = ["open", "head", "subscribe", "command", "stream"];
-const ERROR_REACTIONS = {
-  bad_request:   [FATAL, FATAL, FATAL, DROP, REPORT],
-  unauthorized:  [FATAL, FATAL, FATAL, DROP, FATAL],
-  forbidden:     [FATAL, FATAL, FATAL, DROP, FATAL],
-  not_found:     [FATAL, FATAL, FATAL, DROP, REPORT],
-  rate_limited:  [RETRY, RETRY, RETRY, RETRY, REPORT],
-  too_large:     [FATAL, FATAL, FATAL, DROP, REPORT],
-  slow_consumer: [RESUBSCRIBE, RESUBSCRIBE, RESUBSCRIBE, RESUBSCRIBE, RESUBSCRIBE],
-  overloaded:    [FATAL, FATAL, FATAL, DROP, REPORT],
-  internal:      [FATAL, FATAL, RETRY, DROP, RESUBSCRIBE],
-};
-
-function reaction(code, target) {
-  const row = ERROR_REACTIONS[code];
-  return row ? row[ERROR_TARGETS.indexOf(target)] : REPORT;
-}
-
-function newId() {
-  const bytes = new Uint8Array(16);
-  crypto.getRandomValues(bytes); // works on plain http too, unlike crypto.randomUUID
-  return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
-}
+// The protocol is reactgate.js's (the client of this repository's browsers and Node programs, with
+// the rules of client/session.py): frame ids, pending commands re-sent after a reconnect with their
+// ids, each seq drawn once and in order, resume after the last seq drawn, reconnect with backoff,
+// the error reactions. This file only draws: `Session` adapts one ReactgateClient to the page and
+// `View` touches the DOM.
+// - The conversation id lives in the URL hash, so a reload replays the conversation from seq 1.
+// - The agent of a new conversation is the one picked in the header's select, filled from
+//   GET /agents (docs/wire-protocol.md#get-agents) and sent as `open`'s `agent`; picking another
+//   starts a new conversation with it (a conversation keeps its agent).
+// - The token is the page URL's ?token=, a fixed string: at its `exp` (close 4001) the client ends
+//   instead of reconnecting with it (it would be refused), and the page says to sign in again.
+import { ReactgateClient, newId } from "./reactgate.js";
 
 function compact(value, limit = 160) {
   let text;
@@ -61,19 +20,14 @@ function compact(value, limit = 160) {
   return text.length <= limit ? text : text.slice(0, limit - 1) + "…";
 }
 
-function wsUrl() {
-  const page = new URL(window.location.href);
-  const url = new URL("/ws", page);
-  url.protocol = page.protocol === "https:" ? "wss:" : "ws:";
-  const token = page.searchParams.get("token");
-  if (token) url.searchParams.set("token", token);
-  return url.toString();
+function pageToken() {
+  return new URL(window.location.href).searchParams.get("token");
 }
 
 // GET /agents with the page's token, as the WebSocket gets it (the same auth): the agents served and
 // the default; null when the gateway does not answer it (the select then stays empty: the default).
 async function loadAgents() {
-  const token = new URL(window.location.href).searchParams.get("token");
+  const token = pageToken();
   try {
     const response = await fetch("/agents", { headers: token ? { Authorization: "Bearer " + token } : {} });
     return response.ok ? await response.json() : null;
@@ -97,7 +51,7 @@ function storageSet(key, value) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Protocol state: frames in, callbacks out.
+// One conversation of the page on one ReactgateClient: client callbacks in, View calls out.
 
 class Session {
   constructor(view, conversationId, onFatal, agent) {
@@ -106,207 +60,107 @@ class Session {
     this.agent = conversationId === null ? agent || null : null; // a new conversation's agent (null: the default)
     this.reopening = conversationId !== null; // opened from the URL: it may not be ours
     this.onFatal = onFatal;
-    this.lastSeq = 0;
-    this.ready = false;
-    this.opened = false;       // an open of this session was ever acked
-    this.ws = null;
-    this.attempt = 0;
-    this.pending = new Map();  // id -> {type, fields, sent (on this connection), timesSent, waiting}
-    this.openId = null;
-    this.subscribeId = null;
-    this.subscribeAcked = true; // no (re-)subscribe in flight
+    this.ready = false;        // subscribed on the current connection
+    this.pending = new Map();  // id -> type: commands sent and not answered yet
     this.turnActive = false;
     this.mode = storageGet(this.modeKey()) || "agent";
-    this.closedByUs = false;
     this.ended = null;
+    this.client = null;
+    this.conversation = null;  // Promise of the conversation id
   }
 
   modeKey() { return "reactgate.mode." + (this.conversationId || "new"); }
 
   connect() {
+    this.client = new ReactgateClient({
+      url: "/ws",
+      token: pageToken(),
+      onStatus: (status) => this.onStatus(status),
+      onError: (err) => this.view.error(err.code, err.message),
+    });
+    this.conversation = this.conversationId !== null
+      ? Promise.resolve(this.conversationId)
+      : this.client.open({ agent: this.agent || undefined }).then(({ conversationId }) => this.created(conversationId));
+    this.conversation.then((cid) => this.watch(cid), (err) => this.fail(err));
+  }
+
+  created(conversationId) {
+    this.conversationId = conversationId;
+    storageSet(this.modeKey(), this.mode);
+    if (this.agent) storageSet("reactgate.agent." + conversationId, this.agent);
+    history.replaceState(null, "", "#c=" + encodeURIComponent(conversationId));
+    return conversationId;
+  }
+
+  watch(conversationId) {
     if (this.ended) return;
-    this.view.status("connecting…", "");
-    let ws;
-    try {
-      ws = new WebSocket(wsUrl(), SUBPROTOCOL);
-    } catch (err) {
-      this.view.status("cannot connect: " + err.message, "down");
-      return;
-    }
-    this.ws = ws;
-    let opened = false;
-    ws.onopen = () => {
-      opened = true;
-      this.openId = newId();
-      this.raw(this.openFrame(this.openId));
-    };
-    ws.onmessage = (msg) => {
-      let frame;
-      try { frame = JSON.parse(msg.data); } catch (e) { return; }
-      this.receive(frame);
-    };
-    ws.onclose = (ev) => {
-      if (this.ws !== ws) return;
-      this.disconnected();
-      if (this.closedByUs) return;
-      if (ev.code === TOKEN_EXPIRED) return this.expired();
-      const delay = Math.random() * Math.min(BACKOFF_CAP_MS, BACKOFF_BASE_MS * 2 ** Math.min(this.attempt, 16));
-      this.attempt += 1;
-      // A drained gateway refuses reconnects until its replacement listens: say so, not "1006".
-      const why = !opened ? "gateway unreachable"
-        : ev.code && ev.code !== 1006 ? `closed ${ev.code}${ev.reason ? " " + ev.reason : ""}`
-        : "connection lost";
-      this.view.status(`${why} — reconnecting in ${(delay / 1000).toFixed(1)} s`, "down");
-      setTimeout(() => this.connect(), delay);
-    };
+    this.view.conversation(conversationId);
+    this.client.subscribe(conversationId, {
+      afterSeq: 0, // the page draws the conversation from its start
+      onEvent: (frame) => this.onEvent(frame),
+      onSubscribed: ({ afterSeq, resumed }) => {
+        this.ready = true;
+        this.view.status(resumed ? `connected — resumed after seq ${afterSeq}` : "connected", "up");
+      },
+      onError: (err) => this.view.error(err.code, err.message),
+      onEnd: (err) => this.fail(err),
+    });
   }
 
-  disconnected() {
-    this.ws = null;
-    this.ready = false;
-    this.openId = this.subscribeId = null;
-    this.subscribeAcked = true;
-    for (const [id, p] of this.pending) {
-      if (p.sent && !RESENT_AFTER_RECONNECT[p.type]) {
-        this.pending.delete(id);
-        this.view.note(`${p.type} may not have reached the server: send it again`);
-      }
-      p.sent = false;
+  onStatus(status) {
+    if (this.ended) return;
+    switch (status.state) {
+      case "connecting":
+        this.view.status("connecting…", "");
+        return;
+      case "down":
+        this.ready = false;
+        this.view.status(`${status.reason} — reconnecting in ${(status.retryInMs / 1000).toFixed(1)} s`, "down");
+        return;
+      case "ended":
+        if (status.code === "token_expired") this.expired();
+        return;
+      default:
     }
   }
 
-  openFrame(id) {
-    const frame = { type: "open", id };
-    if (this.conversationId) frame.conversation_id = this.conversationId;
-    else if (this.agent) frame.agent = this.agent;
-    return frame;
-  }
-
-  raw(frame) {
-    if (this.ws && this.ws.readyState === WebSocket.OPEN) this.ws.send(JSON.stringify(frame));
-  }
-
+  // A command of the user: its id now (the page draws the user's words under it), the frame once the
+  // conversation exists; the client keeps it pending, with that id, until it is acked.
   command(type, fields) {
     const id = newId();
-    const p = { type, fields, sent: false, timesSent: 0, waiting: false };
-    this.pending.set(id, p);
-    if (this.ready) this.sendPending(id, p);
+    if (this.ended) return id;
+    this.pending.set(id, type);
+    this.conversation
+      .then((cid) => this.issue(cid, type, fields, id))
+      .then(() => {
+        this.pending.delete(id);
+        if (type === "set_mode") {
+          this.mode = fields.mode;
+          storageSet(this.modeKey(), this.mode);
+          this.view.mode(this.mode);
+        }
+      }, (err) => {
+        this.pending.delete(id);
+        if (this.ended) return;  // said once, by fail() or expired()
+        if (err.code === "lost") this.view.note(`${type} may not have reached the server: send it again`);
+        else this.view.error(err.code, err.message);
+      });
     return id;
   }
 
-  sendPending(id, p) {
-    p.sent = true;
-    p.timesSent += 1;
-    this.raw(Object.assign({ type: p.type, id, conversation_id: this.conversationId }, p.fields));
-  }
-
-  subscribe() {
-    this.subscribeId = newId();
-    this.subscribeAcked = false;
-    this.raw({ type: "subscribe", id: this.subscribeId, conversation_id: this.conversationId, after_seq: this.lastSeq });
-  }
-
-  retry(id) {
-    // Same id; a stale id (superseded frame, acked or dropped command) does nothing.
-    const p = this.pending.get(id);
-    if (p) {
-      if (p.waiting) { p.waiting = false; if (this.ready) this.sendPending(id, p); }
-      return;
-    }
-    if (id === this.openId && !this.ready) {
-      this.raw(this.openFrame(id));
-    } else if (id === this.subscribeId && this.ready) {
-      this.raw({ type: "subscribe", id, conversation_id: this.conversationId, after_seq: this.lastSeq });
-    }
-  }
-
-  receive(frame) {
-    if (this.ended) return undefined;
-    switch (frame.type) {
-      case "ack": return this.onAck(frame);
-      case "error": return this.onError(frame);
-      case "event": return this.onEvent(frame);
-      default: return undefined;
-    }
-  }
-
-  onAck(ack) {
-    if (ack.id === this.openId) return this.onOpened(ack);
-    if (ack.id === this.subscribeId) { this.subscribeAcked = true; return; }
-    const p = this.pending.get(ack.id);
-    if (!p) return;
-    this.pending.delete(ack.id);
-    if (p.type === "set_mode") {
-      this.mode = p.fields.mode;
-      storageSet(this.modeKey(), this.mode);
-      this.view.mode(this.mode);
-    }
-  }
-
-  onOpened(ack) {
-    if (!ack.conversation_id || (this.conversationId && ack.conversation_id !== this.conversationId)) {
-      this.fatal("internal", `asked to open ${this.conversationId || "a new conversation"}, the server opened ${ack.conversation_id}`);
-      return;
-    }
-    const created = !this.conversationId;
-    this.conversationId = ack.conversation_id;
-    if (created) {
-      storageSet(this.modeKey(), this.mode);
-      if (this.agent) storageSet("reactgate.agent." + this.conversationId, this.agent);
-      history.replaceState(null, "", "#c=" + encodeURIComponent(this.conversationId));
-    }
-    this.ready = true;
-    this.attempt = 0;
-    this.view.conversation(this.conversationId);
-    this.view.status(this.opened ? `connected — resumed after seq ${this.lastSeq}` : "connected", "up");
-    this.opened = true;
-    this.subscribe();
-    for (const [id, p] of this.pending) if (!p.waiting) this.sendPending(id, p); // same ids: repeats are acked `duplicate`
-  }
-
-  target(err) {
-    if (err.id) {
-      if (err.id === this.openId) return "open";
-      if (err.id === this.subscribeId) return "subscribe";
-      if (this.pending.has(err.id)) return "command";
-      return null; // a frame we no longer track
-    }
-    if (err.conversation_id && err.conversation_id === this.conversationId) return "stream";
-    return null;
-  }
-
-  onError(err) {
-    const target = this.target(err);
-    if (target === null) {
-      if (!err.conversation_id || err.conversation_id === this.conversationId) this.view.error(err.code, err.message);
-      return;
-    }
-    switch (reaction(err.code, target)) {
-      case FATAL: return this.fatal(err.code, err.message);
-      case RESUBSCRIBE: if (this.ready) this.subscribe(); return; // from our last drawn seq: nothing lost
-      case RETRY: {
-        const p = this.pending.get(err.id);
-        if (p) p.waiting = true;
-        setTimeout(() => this.retry(err.id), RETRY_PAUSE_MS);
-        return;
-      }
-      case DROP:
-        this.pending.delete(err.id);
-        this.view.error(err.code, err.message);
-        return;
-      default:
-        this.view.error(err.code, err.message);
+  issue(cid, type, fields, id) {
+    const c = this.client;
+    switch (type) {
+      case "user_message": return c.send(cid, fields.text, { id });
+      case "steer": return c.steer(cid, fields.text, { id });
+      case "answer": return c.answer(cid, fields.ask_id, fields.answer, { id });
+      case "set_mode": return c.setMode(cid, fields.mode, { id });
+      case "cancel": return c.cancel(cid, { id });
+      default: return Promise.reject(new Error(`unknown command ${type}`));
     }
   }
 
   onEvent(frame) {
-    if (frame.conversation_id !== this.conversationId) return;
-    if (frame.seq <= this.lastSeq) return; // replayed by a restarted subscription: already drawn
-    if (frame.seq !== this.lastSeq + 1) {  // a gap: never draw out of order; restart the stream here
-      if (this.ready && this.subscribeAcked) this.subscribe();
-      return;
-    }
-    this.lastSeq = frame.seq;
     const d = frame.data || {};
     if (frame.event === "turn.started") this.turnActive = true;
     if (frame.event === "turn.completed") this.turnActive = false;
@@ -315,30 +169,25 @@ class Session {
   }
 
   expired() {
-    // Like `fatal`, but the conversation is fine: a reload with a fresh token resumes it.
+    // The client ended at close 4001; the conversation is fine: a reload with a fresh token resumes it.
     this.ended = "token expired";
-    this.closedByUs = true;
     this.ready = false;
     this.turnActive = false;
     this.view.busy(false);
     this.view.status("session expired — sign in again", "down");
   }
 
-  fatal(code, message) {
-    // No reconnect can fix it: this session is over (the wiring decides what comes next).
-    this.ended = `${code}: ${message}`;
+  fail(err) {
+    // No reconnect can fix it (a fatal error, the conversation deleted): this session is over, and
+    // the wiring decides what comes next. Our own close and the token's expiry are said elsewhere.
+    if (this.ended || err.code === "closed" || err.code === "token_expired") return;
+    this.ended = `${err.code}: ${err.message}`;
     this.close("session ended");
-    this.onFatal(this, code, message);
+    this.onFatal(this, err.code, err.message);
   }
 
   close(reason) {
-    this.closedByUs = true;
-    if (this.ws) {
-      const old = this.ws;
-      this.ws = null;
-      old.onclose = null;
-      old.close(1000, reason);
-    }
+    if (this.client) this.client.close(reason);
     this.ready = false;
     this.turnActive = false;
     this.view.busy(false);
