@@ -35,6 +35,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any, Final
@@ -51,9 +52,12 @@ from websockets.typing import Subprotocol
 
 from actors import tracing
 from actors.hosting.backend import Backend, ConfigurationReplaced
+from actors.identity import Owner
 from actors.quotas import QuotaExceeded, Scope, connection_refusal, scope_key
 from gateway.auth import Authenticated, Unauthorized, authenticate, load_verifier
 from gateway.dispatch import dispatch, quota_error
+from gateway.front import HttpFront, front_connection
+from gateway.frontends import Frontends
 from gateway.limits import quota_limits, session_limits
 from gateway.metrics import GatewayMetrics
 from gateway.origins import OriginPolicy
@@ -94,6 +98,14 @@ LIST_LIMIT_DEFAULT: Final = 20   # GET /v1/conversations without ?limit= (docs/w
 _json: Final = msgspec.json.Encoder()
 
 
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A request refused before anything is done for it: its HTTP status and a safe text."""
+
+    status: HTTPStatus
+    text: str
+
+
 class GatewayServer:
     """`await start()` → (host, port); `await serve_forever()`; `await drain()` on SIGTERM."""
 
@@ -119,6 +131,10 @@ class GatewayServer:
         self._quotas = quota_limits(settings)
         self._connections: collections.Counter[tuple[Scope, str]] = collections.Counter()
         self._quota_metrics: asyncio.Task[None] | None = None
+        # The frontends' endpoints (docs/frontends.md): requests with a body and a streamed answer,
+        # split from the WebSocket's by gateway/front.py on the same port.
+        self.frontends = Frontends(self)
+        self._front = HttpFront(self.frontends.takes, self.frontends.handle, settings.max_frame_bytes)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -146,6 +162,7 @@ class GatewayServer:
                 max_size=self.settings.max_frame_bytes,
                 compression="deflate" if self.settings.compression else None,
                 logger=_ConnectionLog(logging.getLogger("reactgate.gateway.connections")),
+                create_connection=front_connection(self._front),
             )
         except BaseException:
             self._backend_started = False
@@ -201,6 +218,7 @@ class GatewayServer:
                     await asyncio.wait_for(
                         asyncio.gather(*(s.flushed() for s in sessions)), self._left(deadline, 0.5)
                     )
+                self._front.close_all()  # a frontend's stream: its client resumes on another replica
                 server.close(code=CloseCode.SERVICE_RESTART, reason="server draining")
                 try:
                     await asyncio.wait_for(server.wait_closed(), self._left(deadline, 0.25))
@@ -272,21 +290,35 @@ class GatewayServer:
         return None
 
     def _caller(self, connection: ServerConnection, request: Request) -> Authenticated | Response:
-        """Who is asking, by the handshake's rules, for /ws and the HTTP endpoints behind a token
-        (docs/wire-protocol.md#16-agents-and-the-conversation-list): 403 for a browser page from an
-        origin not allowed, 401 without a valid token."""
-        origins = request.headers.get_all("Origin")
-        if not self._origins.allows(origins, request.headers.get("Host")):
+        """Who is asking (`admit`), or the handshake's refusal as websockets' response."""
+        admitted = self.admit(request.headers, request.path)
+        if isinstance(admitted, Refused):
+            return connection.respond(admitted.status, admitted.text)
+        return admitted
+
+    def origin_allowed(self, origins: list[str], host: str | None) -> bool:
+        return self._origins.allows(origins, host)
+
+    def trace_of(self, headers: Headers) -> Context | None:
+        return trace_parent(headers)
+
+    def admit(self, headers: Headers, target: str) -> Authenticated | Refused:
+        """Who is asking, by the handshake's rules, for /ws, the JSON endpoints behind a token
+        (docs/wire-protocol.md#16-agents-and-the-conversation-list) and the frontends' endpoints
+        (docs/frontends.md): 403 for a browser page from an origin not allowed, 401 without a valid token."""
+        path, _, query = target.partition("?")
+        origins = headers.get_all("Origin")
+        if not self._origins.allows(origins, headers.get("Host")):
             self.metrics.connections_refused.labels("origin").inc()
             # the Origin only (the client's choice, repr-escaped and cut short), never a token
-            what = "a WebSocket handshake" if _path(request) == WS_PATH else f"a request for {_path(request)}"  # a ROUTES key
+            what = "a WebSocket handshake" if path == WS_PATH else f"a request for {path}"  # a ROUTES key
             log.warning("refused %s from origin %.200r", what, ", ".join(origins))
-            return connection.respond(HTTPStatus.FORBIDDEN, "forbidden: origin not allowed\n")
+            return Refused(HTTPStatus.FORBIDDEN, "forbidden: origin not allowed\n")
         try:
-            return authenticate(request.headers, request.path.partition("?")[2], self._verifier)
+            return authenticate(headers, query, self._verifier)
         except Unauthorized as exc:
             self.metrics.connections_refused.labels("unauthorized").inc()
-            return connection.respond(HTTPStatus.UNAUTHORIZED, f"unauthorized: {exc}\n")
+            return Refused(HTTPStatus.UNAUTHORIZED, f"unauthorized: {exc}\n")
 
     def _agents(self, connection: ServerConnection, request: Request) -> Response:
         """The agents served and the default one (docs/wire-protocol.md#get-agents)."""
@@ -330,16 +362,13 @@ class GatewayServer:
             with contextlib.suppress(ConnectionClosed):
                 await ws.close(CloseCode.TRY_AGAIN_LATER, "overloaded: max connections reached, retry later")
             return
-        held = ((Scope.IP, str(ws.remote_address[0]) if ws.remote_address else ""),
-                (Scope.USER, scope_key(Scope.USER, caller.owner)))
-        refused = connection_refusal(self._quotas, *(self._connections[key] for key in held))
-        if refused is not None:
-            await self._refuse_connection(ws, caller.owner.tenant, refused)
+        held = self.hold_connection(str(ws.remote_address[0]) if ws.remote_address else "", caller.owner)
+        if isinstance(held, QuotaExceeded):
+            await self._refuse_connection(ws, caller.owner.tenant, held)
             return
         session = Session(ws, caller.owner, self.backend, self._session_limits, self.metrics, expires_at=caller.expires_at,
                           trace_parent=_upgrade_trace(ws.request), caller=caller.tool_caller(self.settings.tool_claims))
         self.sessions.add(session)
-        self._connections.update(held)
         self.metrics.connections_total.inc()
         try:
             await self._read_loop(ws, session)
@@ -347,11 +376,25 @@ class GatewayServer:
             pass
         finally:
             self.sessions.discard(session)
-            self._connections.subtract(held)
-            for key in held:
-                if self._connections[key] <= 0:
-                    del self._connections[key]
+            self.release_connection(held)
             await session.aclose()
+
+    def hold_connection(self, address: str, owner: Owner) -> tuple[tuple[Scope, str], ...] | QuotaExceeded:
+        """Count one more connection of this client address and user against the connection quotas
+        (docs/design.md#quotas): a WebSocket, or a frontend's open event stream (docs/frontends.md).
+        The keys to `release_connection`, or the quota it would break (nothing counted)."""
+        held = ((Scope.IP, address), (Scope.USER, scope_key(Scope.USER, owner)))
+        refused = connection_refusal(self._quotas, *(self._connections[key] for key in held))
+        if refused is not None:
+            return refused
+        self._connections.update(held)
+        return held
+
+    def release_connection(self, held: tuple[tuple[Scope, str], ...]) -> None:
+        self._connections.subtract(held)
+        for key in held:
+            if self._connections[key] <= 0:
+                del self._connections[key]
 
     async def _refuse_connection(self, ws: ServerConnection, tenant: str, refused: QuotaExceeded) -> None:
         """Over a connection quota: the client learns which one, then the connection closes like one
@@ -434,14 +477,19 @@ def _path(request: Request) -> str:
 
 
 def _upgrade_trace(request: Request | None) -> Context | None:
-    """The W3C trace context a client sent with its WebSocket upgrade (docs/design.md#tracing): one
-    `traceparent`, its `tracestate` lines joined. None without one (each command then starts a trace)."""
-    if request is None or not tracing.active():
+    """The W3C trace context a client sent with its WebSocket upgrade (docs/design.md#tracing)."""
+    return None if request is None else trace_parent(request.headers)
+
+
+def trace_parent(headers: Headers) -> Context | None:
+    """The W3C trace context of a request's headers: one `traceparent`, its `tracestate` lines joined.
+    None without one (each command then starts a trace)."""
+    if not tracing.active():
         return None
-    parents = request.headers.get_all("traceparent")
+    parents = headers.get_all("traceparent")
     if len(parents) != 1:  # several: none of them is the caller's trace
         return None
-    return tracing.parent({"traceparent": parents[0], "tracestate": ",".join(request.headers.get_all("tracestate"))})
+    return tracing.parent({"traceparent": parents[0], "tracestate": ",".join(headers.get_all("tracestate"))})
 
 
 def _response(status: HTTPStatus, body: bytes, content_type: str, extra: list[tuple[str, str]] | None = None) -> Response:

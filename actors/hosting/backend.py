@@ -127,9 +127,11 @@ class Backend(Protocol):
     async def stop(self) -> None: ...
 
     async def open(
-        self, owner: Owner, conversation_id: str | None, agent: str | None, mode: str | None
+        self, owner: Owner, conversation_id: str | None, agent: str | None, mode: str | None,
+        create_missing: bool = False,
     ) -> Opened:
-        """Create (no id) or re-open (id the caller owns) a conversation. Raises Forbidden, UnknownAgent."""
+        """Create (no id) or re-open (id the caller owns) a conversation; `create_missing`: an id of
+        `owners.chat_conversation_id` is created on first use. Raises Forbidden, UnknownAgent."""
         ...
 
     async def command(self, owner: Owner, conversation_id: str, command: Command) -> AckStatus:

@@ -61,9 +61,13 @@ class LocalBackend:
         if "actors.llm.transport" in sys.modules:   # models were read here: close the pooled HTTP session
             await sys.modules["actors.llm.transport"].aclose_sessions()
 
-    async def open(self, owner: Owner, conversation_id: str | None, agent: str | None, mode: str | None) -> Opened:
+    async def open(
+        self, owner: Owner, conversation_id: str | None, agent: str | None, mode: str | None,
+        create_missing: bool = False,
+    ) -> Opened:
         conversation_id, created = await self.owners.open(
             owner, conversation_id, agent, served=self.profiles, default_agent=self.default_agent, now=self.clock(),
+            create_missing=create_missing,
         )
         if not created:
             # Re-opening (and subscribing: the gateway opens first) re-activates the conversation, so

@@ -7,10 +7,13 @@ same reason: every `open` of both backends passes by (`open_conversations`, docs
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
+import re
 import secrets
 from collections.abc import Container
+from typing import Final
 
 from actors.hosting.backend import Forbidden, UnknownAgent
 from actors.hosting.meter import Meter
@@ -23,6 +26,18 @@ MAX_CACHED = 100_000
 def new_conversation_id() -> str:
     """Unguessable: 128 random bits (docs/wire-protocol.md#2-frames: server-generated ids)."""
     return "c_" + secrets.token_urlsafe(16)
+
+
+CONVERSATION_ID: Final = re.compile(r"^c_[A-Za-z0-9_-]{22}$")   # the shape of every id above and below
+
+
+def chat_conversation_id(owner: Owner, chat_id: str) -> str:
+    """The conversation a frontend's own chat id names (docs/frontends.md#chat-ids): the AI SDK and
+    AG-UI make their ids in the browser. A digest of (owner, chat id), shaped like a server id, so two
+    tenants' "chat-1" are two conversations, and nobody can take or probe an id another caller uses."""
+    text = json.dumps([owner.tenant, owner.sub, chat_id])
+    digest = hashlib.blake2b(text.encode(), digest_size=16).digest()
+    return "c_" + base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
 
 def deletion_key(owner: Owner, request_id: str) -> str:
@@ -41,8 +56,8 @@ class Owners:
         self._meter = meter
         self._cache: dict[str, tuple[Owner, str]] = {}
 
-    async def create(self, owner: Owner, agent: str, now: float) -> str:
-        cid = new_conversation_id()
+    async def create(self, owner: Owner, agent: str, now: float, conversation_id: str | None = None) -> str:
+        cid = conversation_id or new_conversation_id()
         if self._meter is not None:
             await self._meter.open_conversation(owner)  # QuotaExceeded: nothing created
         try:
@@ -56,17 +71,28 @@ class Owners:
 
     async def open(
         self, owner: Owner, conversation_id: str | None, agent: str | None, *,
-        served: Container[str], default_agent: str, now: float,
+        served: Container[str], default_agent: str, now: float, create_missing: bool = False,
     ) -> tuple[str, bool]:
         """`open`'s ownership half, for both backends: (conversation id, created). No id creates a
-        conversation of `agent` (UnknownAgent unless served); an id must be the caller's (Forbidden)."""
+        conversation of `agent` (UnknownAgent unless served); an id must be the caller's (Forbidden).
+        `create_missing`: an id of `chat_conversation_id`, created on its first use (never a deleted one)."""
         if conversation_id is not None:
-            await self.check(owner, conversation_id)
-            return conversation_id, False
+            try:
+                await self.check(owner, conversation_id)
+                return conversation_id, False
+            except Forbidden:
+                if not create_missing or await self._store.tombstone(conversation_id) is not None:
+                    raise
         name = agent or default_agent
         if name not in served:
             raise UnknownAgent(name)
-        return await self.create(owner, name, now), True
+        try:
+            return await self.create(owner, name, now, conversation_id), True
+        except Exception:
+            if conversation_id is None:
+                raise
+            await self.check(owner, conversation_id)  # a concurrent first use created it: it is the caller's
+            return conversation_id, False
 
     async def check_delete(self, owner: Owner, conversation_id: str, request_key: str) -> bool:
         """Before a delete: True when `owner` owns the conversation; False when this very request

@@ -184,9 +184,13 @@ class RayBackend:
 
     # -- Backend ---------------------------------------------------------------------------------
 
-    async def open(self, owner: Owner, conversation_id: str | None, agent: str | None, mode: str | None) -> Opened:
+    async def open(
+        self, owner: Owner, conversation_id: str | None, agent: str | None, mode: str | None,
+        create_missing: bool = False,
+    ) -> Opened:
         conversation_id, created = await self.owners.open(
             owner, conversation_id, agent, served=self.profiles, default_agent=self.default_agent, now=time.time(),
+            create_missing=create_missing,
         )
         if not created:
             # Re-opening (the gateway also opens before each subscribe) activates the conversation,
