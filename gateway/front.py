@@ -17,6 +17,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any, ClassVar, Final
 
 import h11
@@ -43,6 +44,14 @@ class HttpRequest:
     @property
     def query(self) -> str:
         return self.target.partition("?")[2]
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A request refused before anything is done for it: its HTTP status and a text safe to send."""
+
+    status: HTTPStatus
+    text: str
 
 
 class ClientGone(Exception):

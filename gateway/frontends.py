@@ -21,19 +21,21 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 import msgspec
 from opentelemetry.context import Context
+from websockets.datastructures import Headers
 
-from actors.hosting.backend import Export, Opened
+from actors.hosting.backend import Backend, Export, Opened
 from actors.hosting.owners import CONVERSATION_ID, chat_conversation_id
 from actors.identity import Caller, Owner
-from actors.quotas import QuotaExceeded
+from actors.quotas import QuotaExceeded, Scope
 from gateway import agui, aisdk
 from gateway.auth import Authenticated
 from gateway.dispatch import Drain, dispatch, quota_error, refusal
-from gateway.front import HttpExchange, HttpRequest
+from gateway.front import HttpExchange, HttpRequest, Refused
+from gateway.settings import Settings
 from protocol.events import AskUser, Event, TurnStarted
 from protocol.frames import (
     Ack,
@@ -48,8 +50,21 @@ from protocol.frames import (
     encode_frame,
 )
 
-if TYPE_CHECKING:
-    from gateway.server import GatewayServer
+
+class Gateway(Protocol):
+    """What the shell needs of the gateway it serves on (gateway/server.py's GatewayServer)."""
+
+    backend: Backend
+    settings: Settings
+
+    @property
+    def ready(self) -> bool: ...
+    def admit(self, headers: Headers, target: str) -> Authenticated | Refused: ...
+    def trace_of(self, headers: Headers) -> Context | None: ...
+    def origin_allowed(self, origins: list[str], host: str | None) -> bool: ...
+    def hold_connection(self, address: str, owner: Owner) -> tuple[tuple[Scope, str], ...] | QuotaExceeded: ...
+    def release_connection(self, held: tuple[tuple[Scope, str], ...]) -> None: ...
+    def drain_soon(self) -> None: ...
 
 log = logging.getLogger("reactgate.gateway.frontends")
 
@@ -125,7 +140,7 @@ Route = Callable[["Frontends", Call, str], Awaitable[None]]
 
 
 class Frontends:
-    def __init__(self, server: GatewayServer) -> None:
+    def __init__(self, server: Gateway) -> None:
         self._server = server
 
     @staticmethod

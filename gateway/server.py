@@ -35,7 +35,6 @@ import time
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any, Final
@@ -56,7 +55,7 @@ from actors.identity import Owner
 from actors.quotas import QuotaExceeded, Scope, connection_refusal, scope_key
 from gateway.auth import Authenticated, Unauthorized, authenticate, load_verifier
 from gateway.dispatch import dispatch, quota_error
-from gateway.front import HttpFront, front_connection
+from gateway.front import HttpFront, Refused, front_connection
 from gateway.frontends import Frontends
 from gateway.limits import quota_limits, session_limits
 from gateway.metrics import GatewayMetrics
@@ -88,6 +87,8 @@ class _ConnectionLog(logging.LoggerAdapter):  # type: ignore[type-arg]
 
 STATIC_DIR = Path(__file__).with_name("static")
 _STATIC_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# Where the platform's table says otherwise (`.ts` is a Qt translation file to it): reactgate.d.ts.
+STATIC_TYPES: Final[Mapping[str, str]] = {".js": "text/javascript", ".ts": "text/plain; charset=utf-8"}
 PLACEHOLDER_PAGE = (
     b"<!doctype html><meta charset=utf-8><title>reactgate</title>"
     b"<h1>reactgate</h1><p>WebSocket endpoint: <code>/ws</code> (subprotocol <code>reactgate.v1</code>). "
@@ -96,14 +97,6 @@ PLACEHOLDER_PAGE = (
 BINARY_MESSAGE = "binary frames are not accepted: send JSON text frames"
 LIST_LIMIT_DEFAULT: Final = 20   # GET /v1/conversations without ?limit= (docs/wire-protocol.md#get-v1conversations)
 _json: Final = msgspec.json.Encoder()
-
-
-@dataclass(frozen=True, slots=True)
-class Refused:
-    """A request refused before anything is done for it: its HTTP status and a safe text."""
-
-    status: HTTPStatus
-    text: str
 
 
 class GatewayServer:
@@ -271,7 +264,7 @@ class GatewayServer:
         name = _path(request).removeprefix("/static/")
         if not _STATIC_NAME.match(name) or not (file := STATIC_DIR / name).is_file():
             return connection.respond(HTTPStatus.NOT_FOUND, "not found\n")
-        content_type = mimetypes.guess_type(name)[0] or "application/octet-stream"
+        content_type = STATIC_TYPES.get(file.suffix) or mimetypes.guess_type(name)[0] or "application/octet-stream"
         return _response(HTTPStatus.OK, file.read_bytes(), content_type)
 
     def _not_found(self, connection: ServerConnection, request: Request) -> Response:

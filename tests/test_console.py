@@ -79,7 +79,8 @@ async def test_the_console_is_served_at_root_as_html() -> None:
 
 @pytest.mark.parametrize(
     ("name", "content_type"),
-    [("console.js", "javascript"), ("reactgate.js", "javascript"), ("console.css", "text/css")],
+    [("console.js", "javascript"), ("reactgate.js", "javascript"), ("console.css", "text/css"),
+     ("reactgate.d.ts", "text/plain"), ("agui-reattach.js", "javascript")],
 )
 async def test_the_console_assets_are_served_from_static(name: str, content_type: str) -> None:
     async with running() as h:
