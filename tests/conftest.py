@@ -39,17 +39,3 @@ def postgres_dsn() -> str:
     require_service("PostgreSQL", "127.0.0.1", 5432)
     return POSTGRES_DSN
 
-
-# -- two workers (./dev test runs pytest-xdist with --dist loadgroup) ------------------------------
-# A module's tests stay on one worker, in order (their module fixtures and files are shared), except
-# those that run Ray: every one of them goes to one worker, "ray", so that no two Ray instances ever
-# run at once (each test module's `ray.init` would otherwise share the machine's two cores with
-# another one). Modules that start Ray in a subprocess without the marker are named here.
-RAY_WITHOUT_MARKER = frozenset({"test_readme_commands.py"})
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        module = item.path.name
-        ray = item.get_closest_marker("ray") is not None or module in RAY_WITHOUT_MARKER
-        item.add_marker(pytest.mark.xdist_group("ray" if ray else module))

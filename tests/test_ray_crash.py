@@ -51,7 +51,9 @@ pytestmark = [pytest.mark.ray, pytest.mark.asyncio(loop_scope="module")]
 OWNER = Owner(tenant="acme", sub="crash")
 WATCHED = 6              # conversations with a subscriber that stays through the crash
 UNWATCHED = 2            # conversations nobody watches: only the runtime can resume them
-REPEATS = 10
+# Every host killed mid-answer, again and again: races show up in some runs only. The suite runs it 3
+# times; REACTGATE_TEST_CRASH_REPEATS=20 looks harder (as before a change to recovery or hosting).
+REPEATS = int(os.environ.get("REACTGATE_TEST_CRASH_REPEATS", "3"))
 # The bound: every turn the kill cut completes within this of the kill (a condition wait). Generous:
 # the replacement hosts must start first — a process, the store, LiteLLM — which took 8–12 s on
 # 2 shared cores; the cut turns then resume and end within ~2 s.
