@@ -78,6 +78,21 @@ class QuotaRefused(StoreError):
         super().__init__(f"quota charge {index} refused")
 
 
+class StoreUnavailable(StoreError):
+    """The store cannot take this call now — a failover, a restart, a network blip, a full disk, a
+    lock held past its timeout — and may later: a pause, not a failure of the request
+    (docs/design.md#store-outage). The caller may send it again after `retry_after_ms`; the
+    client-facing error is `unavailable` (docs/wire-protocol.md#5-error-codes)."""
+
+    def __init__(self, cause: str, retry_after_ms: int = 1000) -> None:
+        self.cause = cause
+        self.retry_after_ms = retry_after_ms
+        super().__init__(f"the store is unavailable ({cause}): retry in {retry_after_ms} ms")
+
+    def __reduce__(self) -> tuple[type[StoreUnavailable], tuple[str, int]]:  # raised across Ray
+        return StoreUnavailable, (self.cause, self.retry_after_ms)
+
+
 class Tombstoned(StoreError):
     """A write for a conversation that was deleted: nothing of it was written (docs/design.md#deletion)."""
 
