@@ -10,8 +10,7 @@ import { HttpAgent } from "@ag-ui/client";
 import { EventSchemas } from "@ag-ui/core/schemas";
 
 import { ReattachingAgent } from "../../gateway/static/agui-reattach.js";
-import { ReactgateClient } from "../../gateway/static/reactgate.js";
-import { answerOf, gateway, until, watch } from "./harness.mjs";
+import { answerOf, gateway, logOf, until } from "./harness.mjs";
 
 const GATEWAY = gateway();
 const URL_ = `${GATEWAY.httpUrl}/agui`;
@@ -50,14 +49,6 @@ function say(a, text) {
   a.addMessage({ id: `u-${Date.now()}-${Math.random().toString(36).slice(2)}`, role: "user", content: text });
 }
 
-/** The conversation behind a thread, by the seq of the events: reactgate.js reads its log. */
-async function logOf(t, conversationId, turnId = "t1") {
-  const client = new ReactgateClient({ url: GATEWAY.url, token: GATEWAY.token });
-  t.after(() => client.close());
-  const { events, completed } = watch(client, conversationId);
-  const done = await completed(turnId);
-  return { events, done };
-}
 
 /** The conversation id: the first conversation of this caller's list whose title is `text`. */
 async function conversationOf(text) {

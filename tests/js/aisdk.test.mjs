@@ -11,8 +11,7 @@ import {
   AbstractChat, DefaultChatTransport, parseJsonEventStream, readUIMessageStream, uiMessageChunkSchema,
 } from "ai";
 
-import { ReactgateClient } from "../../gateway/static/reactgate.js";
-import { answerOf, gateway, until, watch } from "./harness.mjs";
+import { answerOf, gateway, logOf, until } from "./harness.mjs";
 
 const GATEWAY = gateway();
 const API = `${GATEWAY.httpUrl}/api/chat`;
@@ -60,14 +59,6 @@ function chat({ agent, id = `chat-${process.pid}-${++chats}`, messages = [] } = 
   return { chat: c, conversations, state };
 }
 
-/** The conversation's log as reactgate.js reads it, once turn `turnId` completed. */
-async function logOf(t, conversationId, turnId = "t1") {
-  const client = new ReactgateClient({ url: GATEWAY.url, token: GATEWAY.token });
-  t.after(() => client.close());
-  const { events, completed } = watch(client, conversationId);
-  const done = await completed(turnId);
-  return { events, done };
-}
 
 const lastAssistant = (c) => c.messages.filter((m) => m.role === "assistant").at(-1);
 const textOf = (message) => message.parts.filter((p) => p.type === "text").map((p) => p.text).join("");

@@ -9,6 +9,8 @@
 // Run them through pytest (tests/test_js.py), not bare `node --test`.
 import { createHmac } from "node:crypto";
 
+import { ReactgateClient } from "../../gateway/static/reactgate.js";
+
 export function gateway() {
   const url = process.env.REACTGATE_URL;
   if (!url) throw new Error("REACTGATE_URL is not set: run these tests through pytest tests/test_js.py");
@@ -98,3 +100,14 @@ export function answerOf(events, turnId = "t1") {
 
 export const seqs = (events) => events.map((e) => e.seq);
 export const range = (from, to) => Array.from({ length: to - from + 1 }, (_, i) => from + i);
+
+/** The conversation's log as reactgate.js reads it, once turn `turnId` completed: what a frontend's
+ *  assembled answer is checked against (the client is closed when test `t` ends). */
+export async function logOf(t, conversationId, turnId = "t1") {
+  const { url, token } = gateway();
+  const client = new ReactgateClient({ url, token });
+  t.after(() => client.close());
+  const { events, completed } = watch(client, conversationId);
+  const done = await completed(turnId);
+  return { events, done };
+}
