@@ -2,8 +2,9 @@
 
 Every rule of a turn is in the turn machine (`actors/turn_machine.py`): phases, counters, retries,
 finish legality, the order calls are observed in, the exploration budget, continuation. `Turn`
-carries out what the machine says — streams the model into this round's engine, runs the calls,
-waits for the user, emits the events and records the timeline — and reports back what happened.
+carries out what the machine says — streams the model into this round's engine (`RoundStreams`,
+`actors/round_streams.py`), runs the calls, waits for the user, emits the events and records the
+timeline — and reports back what happened.
 A steer cancels the in-flight generation or tool wait (`_inner_task`).
 
 A turn knows its conversation only through `TurnContext`: what it reads (policies, catalog, mode,
@@ -13,8 +14,7 @@ state, timeline) and what it may do (emit, record, checkpoint, call the model an
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Awaitable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Collection, Mapping, Sequence
 from typing import Any, Protocol
 
 import msgspec
@@ -22,22 +22,18 @@ import msgspec
 from actors import tracing
 from actors.catalog import Catalog, Observation, ToolCall, ToolExecutor
 from actors.context import Step, params_digest
-from actors.continuation import RestartCheck
-from actors.decision import Decision
 from actors.gates import RoundRules
 from actors.identity import Caller
-from actors.llm.stream import ModelDelta, ModelFallback, ModelFinished, ProviderError, StreamItem
-from actors.profile import Policies
 from actors.quotas import tool_calls_refusal_detail
 from actors.round import (
     AcceptedCall,
     RoundEngine,
     RoundEvent,
-    RoundOutcome,
     RoundResult,
     ToolCallReady,
     interrupted_round,
 )
+from actors.round_streams import RoundContext, RoundStreams
 from actors.store.base import RoundOutput
 from actors.turn_machine import (
     APPROVAL_OPTIONS,
@@ -50,14 +46,9 @@ from actors.turn_machine import (
     Decide,
     End,
     Execute,
-    Holds,
     Phase,
-    StreamEnd,
-    Then,
     TurnMachine,
     TurnProgress,
-    continuation_models,
-    cut_notice,
 )
 from protocol.events import (
     Approval,
@@ -65,7 +56,6 @@ from protocol.events import (
     EndReason,
     EventData,
     EventRef,
-    Fallback,
     IllegalFinish,
     ToolCalled,
     ToolResult,
@@ -74,7 +64,7 @@ from protocol.events import (
     UiCommand,
 )
 from protocol.frames import Mode
-from protocol.notices import Notice, NoticeCode
+from protocol.notices import NoticeCode
 from protocol.timeline import (
     Block,
     FinalBlock,
@@ -88,19 +78,12 @@ from protocol.timeline import (
 )
 
 
-class TurnContext(Protocol):
-    """What a turn needs from its conversation (`actors.conversation.Conversation` provides it)."""
+class TurnContext(RoundContext, Protocol):
+    """What a turn needs from its conversation (`actors.conversation.Conversation` provides it): what
+    its rounds' model streams need (`RoundContext`: the prompt, the models, the model call), and this."""
 
     @property
     def conversation_id(self) -> str: ...
-    @property
-    def agent_name(self) -> str: ...
-    @property
-    def instructions(self) -> str | None: ...
-    @property
-    def policies(self) -> Policies: ...
-    @property
-    def profile_models(self) -> Sequence[str]: ...
     @property
     def agent_states(self) -> Collection[str]: ...
     @property
@@ -112,13 +95,7 @@ class TurnContext(Protocol):
     @property
     def mode(self) -> Mode: ...
     @property
-    def timeline(self) -> Sequence[Block]: ...
-    @property
-    def ledger(self) -> Sequence[Step]: ...
-    @property
     def max_tool_calls(self) -> int | None: ...   # the tool-calls-per-turn quota (docs/design.md#quotas)
-    @property
-    def decision(self) -> Decision: ...           # the profile's decision protocol (docs/design.md#native)
 
     def emit(self, data: EventData) -> None: ...
     def record_output(self, output: RoundOutput) -> None: ...
@@ -126,9 +103,6 @@ class TurnContext(Protocol):
     def add_step(self, step: Step) -> None: ...
     def checkpoint(self) -> Awaitable[None] | None: ...
     def validate_params(self, tool_id: str, params: Mapping[str, object]) -> list[str]: ...
-    def count_tokens(self, messages: Sequence[Mapping[str, str]]) -> int: ...
-    def stream(self, messages: list[dict[str, Any]], models: Sequence[str] | None = None,
-               tools: Sequence[Mapping[str, Any]] | None = None) -> AsyncIterator[StreamItem]: ...
     def set_agent_state(self, state: str) -> None: ...
     def expect_answer(self, ask_id: str) -> asyncio.Future[str]: ...
     def forget_answer(self, ask_id: str) -> None: ...
@@ -149,8 +123,8 @@ class Turn:
                                    ctx.policies, ctx.agent_states)
         self.turn_id = progress.turn_id
         self._trace = tracing.TurnTrace(ctx.conversation_id, self.turn_id)
-        self._streaming = False    # a round's model stream is open
-        self._models: list[str] = []  # the models whose deltas the round's engine got
+        self._streams = RoundStreams(ctx, self.machine, self._trace, turn_id=self.turn_id,
+                                     stream_event=self._stream_event, emit=self._emit)
         self.cancelled_by_user = False
         self._steer_text: str | None = None
         self._inner: asyncio.Task[Any] | None = None
@@ -166,7 +140,7 @@ class Turn:
     def progress(self) -> TurnProgress:
         """The turn as a checkpoint keeps it."""
         p = self.machine.progress
-        return msgspec.structs.replace(p, pending=list(p.pending), streaming=self._streaming)
+        return msgspec.structs.replace(p, pending=list(p.pending), streaming=self._streams.streaming)
 
     @property
     def _round_no(self) -> int:
@@ -262,7 +236,7 @@ class Turn:
                 engine = self.ctx.decision.engine(self._rules(), turn_id=self.turn_id, round_no=started)
             self._trace.round(self._round_no, str(m.phase))
             try:
-                result = await self._inner_task(self._generate(engine, resumed=cut))
+                result = await self._inner_task(self._streams.run(engine, resumed=cut))
             except _Steered:
                 result = self._interrupted(engine)
                 cut_by_steer = m.round_steered(result)
@@ -333,108 +307,6 @@ class Turn:
         ctx = self.ctx
         return self.machine.rules(ctx.catalog, state=ctx.agent_state, mode=ctx.mode, validate_params=ctx.validate_params)
 
-    async def _generate(self, engine: RoundEngine, resumed: CutRound | None = None) -> RoundResult:
-        """The one round driver: model streams into the engine until the machine says the round is
-        over (`CONTINUATION`: continue after a length cut-off or a connection cut, docs/design.md#continuation).
-        `resumed`: the round a crash cut mid-answer, replayed into `engine`; it goes on from its
-        durable text with a continuation."""
-        self._streaming = True
-        self._models = []
-        ctx, m = self.ctx, self.machine
-        try:
-            base, tools = ctx.decision.request(ctx, engine.rules, turn_id=self.turn_id,
-                                               allow_no_tool=m.allows_no_tool, exploration_cap=m.exploration_cap)
-            models: list[str] | None = None
-            continuations = resumed.continuations if resumed is not None else 0
-            end, failure = ((StreamEnd.CRASH, None) if resumed is not None
-                            else await self._stream(engine, base, None, None, tools))
-            while True:
-                holds = Holds.ANSWER if engine.answer_streamed else Holds.TEXT if engine.has_output else Holds.NOTHING
-                then = m.continuation(end, holds, continuable=engine.continuable, continuations=continuations)
-                if then is Then.END:
-                    return self._finish_engine(engine)
-                if then is Then.CUT:
-                    notice = cut_notice(end, holds, continuations=continuations,
-                                        kind=failure.kind if failure else "",
-                                        mid_response=failure.after_first_delta if failure else True,
-                                        cause=failure.detail if failure else "", model=failure.model if failure else "")
-                    return self._finish_cut(engine, notice, failure.cause if failure else None)
-                continuations += 1
-                if failure is not None:
-                    models = self._continuation_models(failure)
-                model = (models or ctx.profile_models)[0]
-                messages, restart = ctx.decision.continuation(base, engine, end, model)
-                end, failure = await self._stream(engine, messages, models, restart, tools)
-        finally:
-            self._streaming = False
-
-    async def _stream(
-        self, engine: RoundEngine, messages: list[dict[str, Any]], models: list[str] | None,
-        restart: RestartCheck | None, tools: list[dict[str, Any]] | None,
-    ) -> tuple[StreamEnd, ProviderError | None]:
-        """One model call into the engine; how it ended. A restarted continuation never reaches the
-        user; the prefix policy's abort closes the provider stream at once. A native round's engine
-        reads every delta; the channel protocol's reads the text."""
-        finish_reason: str | None = None
-        model = (models or self.ctx.profile_models)[0]  # the one streaming; a fallback moves it on
-        native = engine.native
-        try:
-            call = self._trace.model_call(self.ctx.stream(messages, models, tools), model)
-            async with contextlib.aclosing(call) as stream:  # type: ignore[type-var]
-                async for item in stream:
-                    if type(item) is ModelDelta:
-                        text = item.text if restart is None else restart.admit(item.text)
-                        if text is None:
-                            return StreamEnd.RESTARTED, None
-                        if text and model not in self._models:
-                            self._models.append(model)
-                        events = engine.feed_delta(ModelDelta(text)) if native else engine.feed(text)
-                        for event in events:
-                            self._stream_event(event)
-                        if engine.aborted:
-                            return StreamEnd.ENDED, None
-                    elif type(item) is ModelFallback:
-                        model = item.to_model
-                        self._emit(Fallback(from_model=item.from_model, to_model=item.to_model, error=item.error))
-                    elif type(item) is ModelFinished:
-                        finish_reason = item.finish_reason
-                    elif native and not isinstance(item, ModelFallback | ModelFinished):
-                        # reasoning, a call's start, its arguments, its end
-                        if model not in self._models:
-                            self._models.append(model)
-                        for event in engine.feed_delta(item):
-                            self._stream_event(event)
-        except ProviderError as exc:
-            return StreamEnd.CUT, exc
-        if restart is not None:
-            rest = restart.finish()
-            if rest is None:
-                return StreamEnd.RESTARTED, None
-            for event in (engine.feed_delta(ModelDelta(rest)) if native else engine.feed(rest)) if rest else ():
-                self._stream_event(event)
-        return (StreamEnd.LENGTH if finish_reason == "length" and not engine.aborted else StreamEnd.ENDED), None
-
-    def _continuation_models(self, failure: ProviderError) -> list[str]:
-        models, to = continuation_models(self.ctx.profile_models, failure.model)
-        if to is not None:
-            self._emit(Fallback(from_model=failure.model, to_model=to, error=f"{failure.kind}: {failure.message}"))
-        return models
-
-    def _finish_cut(self, engine: RoundEngine, cut: Notice, provider_error: str | None = None) -> RoundResult:
-        """End a round whose stream was cut and not continued; a streamed answer is then partial.
-        `provider_error`: the provider failure that cut it, which names the turn's end if this round
-        spends the last retry."""
-        result = self._finish_engine(engine, cut)
-        result.partial = result.outcome is RoundOutcome.SALVAGE
-        result.provider_error = provider_error
-        return result
-
-    def _finish_engine(self, engine: RoundEngine, cut: Notice | None = None, *, interrupted: bool = False) -> RoundResult:
-        events, result = engine.finish(cut=cut, interrupted=interrupted)
-        for event in events:
-            self._stream_event(event)
-        return result
-
     def _stream_event(self, event: RoundEvent) -> None:
         if type(event) is ToolCallReady:
             call = event.call
@@ -448,7 +320,7 @@ class Turn:
 
     def _interrupted(self, engine: RoundEngine) -> RoundResult:
         """A steer cut the generation: what it cut is not the model's error (docs/design.md#steer)."""
-        result = self._finish_engine(engine, interrupted=True)
+        result = self._streams.finish(engine, interrupted=True)
         self._round_completed(result, engine, steered=True)
         return result
 
@@ -462,7 +334,7 @@ class Turn:
         round_no = self._round_no
         decision = self.ctx.decision
         self.ctx.record_output(RoundOutput(
-            turn_id=self.turn_id, round=round_no, raw=decision.output(engine), models=tuple(self._models),
+            turn_id=self.turn_id, round=round_no, raw=decision.output(engine), models=tuple(self._streams.models),
             mode=str(engine.rules.mode), agent_state=engine.rules.state, phase=str(self.machine.phase),
         ))
         self._trace.round_outcome(str(result.outcome))

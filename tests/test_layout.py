@@ -39,8 +39,8 @@ FLOORS: dict[str, tuple[str, ...]] = {
     "store": ("actors.store",),
     "tools and models": ("actors.tools", "actors.llm"),
     # The turn's shell and its spans drive the model and the tools; its rules are a floor below.
-    "conversation": ("actors.conversation", "actors.turn", "actors.tracing", "actors.eventlog", "actors.recovery",
-                     "actors.replay", "actors.agent"),
+    "conversation": ("actors.conversation", "actors.turn", "actors.round_streams", "actors.tracing", "actors.eventlog",
+                     "actors.recovery", "actors.replay", "actors.agent"),
     "hosting": ("actors.hosting",),             # the backend interface, the host core, the local backend
     "ray": ("actors.ray",),                     # the Ray shells, and the cores only they use
     "gateway": ("gateway",),
