@@ -52,7 +52,7 @@ from client.session import (
     Send,
     TokenExpired,
 )
-from protocol.frames import SUBPROTOCOL, ClientFrame
+from protocol.frames import SUBPROTOCOL, ClientFrame, ErrorCode
 
 FATAL_HTTP_STATUS: Final = frozenset({400, 401, 403, 404})
 OPEN_TIMEOUT_S: Final = 10.0
@@ -331,9 +331,11 @@ class Connection:
                 self._down_since = None
             case TokenExpired():
                 self._token_expired = True
-            case RetryLater(frame=frame) if not self._closing:
+            case RetryLater(frame=frame, code=code, pause_s=pause_s) if not self._closing:
+                # the server's own pause for a store outage (retry_after_ms); ours for rate_limited
+                pause = pause_s if code is ErrorCode.UNAVAILABLE else self.retry_pause_s
                 loop = asyncio.get_running_loop()
-                self._timers[frame.id] = loop.call_later(self.retry_pause_s, self._retry_soon, frame.id)
+                self._timers[frame.id] = loop.call_later(pause, self._retry_soon, frame.id)
 
     def _retry_soon(self, frame_id: str) -> None:
         self._timers.pop(frame_id, None)

@@ -34,6 +34,10 @@ What it guarantees (docs/wire-protocol.md#10-delivery-idempotency-resume-multipl
   same rules).
 - **Errors are a table** (`ERROR_REACTIONS`): what an error frame does depends on its code and on
   what it answers — our `open`, a head check, our `subscribe`, a pending command, or our stream.
+- **A frame the server did not process** (`rate_limited`; `unavailable`: the store is down) goes
+  again, same id, after `RetryLater.pause_s` (`retry_pause`): the server's `retry_after_ms` for
+  `unavailable`, else an exponential pause, bounded by UNAVAILABLE_PAUSE_MAX_S, that starts over
+  at the next ack.
 - **The head.** `check_head()` asks for the conversation's last seq (an `open` ack's `last_seq`);
   the answer comes as `Head`, from this connection or from the next one's `open` ack.
 - **Token expiry.** A connection the server closed with 4001 (its token reached `exp`) is reported
@@ -109,6 +113,20 @@ RESENT_AFTER_RECONNECT: Final[Mapping[type[PendingFrame], bool]] = {
 # A pause the caller may use before `retry` (rate limits refill at 20 frames/s,
 # docs/wire-protocol.md#11-limits-slow-consumers-drain).
 RETRY_PAUSE_S: Final = 0.5
+# The longest pause before sending again a frame the store could not take (`unavailable`), whatever
+# its `retry_after_ms` says; without one the pause doubles from RETRY_PAUSE_S up to this.
+UNAVAILABLE_PAUSE_MAX_S: Final = 30.0
+
+
+def retry_pause(error: ErrorFrame, streak: int = 0) -> float:
+    """Seconds to wait before sending again the frame `error` refused (docs/wire-protocol.md#5-error-codes):
+    for `unavailable`, its `retry_after_ms`, or without one RETRY_PAUSE_S·2^streak (`streak`: the
+    `unavailable` errors since the last ack), both at most UNAVAILABLE_PAUSE_MAX_S; else RETRY_PAUSE_S."""
+    if error.code is not ErrorCode.UNAVAILABLE:
+        return RETRY_PAUSE_S
+    if error.retry_after_ms is not None:
+        return min(UNAVAILABLE_PAUSE_MAX_S, max(0, error.retry_after_ms) / 1000)
+    return min(UNAVAILABLE_PAUSE_MAX_S, RETRY_PAUSE_S * 2 ** min(streak, 16))
 
 
 class Target(Enum):
@@ -134,9 +152,11 @@ ERROR_TARGETS: Final = (Target.OPEN, Target.HEAD, Target.SUBSCRIBE, Target.COMMA
 
 # (code, what it answers) → what the session does (docs/wire-protocol.md#5-error-codes). Without
 # the `open` ack nothing else can happen on a connection, so an error on it is fatal unless the
-# frame was merely not processed. An `internal` on a command drops it: the turn it belonged to is
-# not started, which the user (or the load test) must see. `unauthorized` and `too_large` are never
-# sent as frames; their rows are there so that the table is total.
+# frame was merely not processed (`rate_limited`, `unavailable`: retried, same id, after
+# `retry_pause`). An `internal` on a command drops it: the turn it belonged to is not started, which
+# the user (or the load test) must see. `unavailable` on our stream (the store could not feed it)
+# re-subscribes from our last seq. `unauthorized` and `too_large` are never sent as frames; their
+# rows are there so that the table is total.
 ERROR_REACTIONS: Final[Mapping[tuple[ErrorCode, Target], Reaction]] = {
     (code, target): reaction
     for code, row in {
@@ -151,6 +171,7 @@ ERROR_REACTIONS: Final[Mapping[tuple[ErrorCode, Target], Reaction]] = {
         ErrorCode.OVERLOADED:    (F,   F,   F,        D,      P),
         ErrorCode.INTERNAL:      (F,   F,   R,        D,      S),  # stream: ended after server retries
         ErrorCode.QUOTA_EXCEEDED: (F,  F,   F,        D,      P),  # command: not before `resets_at`
+        ErrorCode.UNAVAILABLE:   (R,   R,   R,        R,      S),  # the store is down: after retry_after_ms
     }.items()
     for target, reaction in zip(ERROR_TARGETS, row, strict=True)
 }  # fmt: skip
@@ -217,10 +238,11 @@ class CommandFailed:
 
 @dataclass(frozen=True, slots=True)
 class RetryLater:
-    """The frame was not processed: after a pause, call `retry(frame.id)` (same id)."""
+    """The frame was not processed: after `pause_s`, call `retry(frame.id)` (same id)."""
 
     frame: ClientFrame
     code: ErrorCode
+    pause_s: float = RETRY_PAUSE_S  # `retry_pause`: the server's retry_after_ms for `unavailable`
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,6 +385,7 @@ class ClientSession:
         self._exports: dict[str, _Export] = {}
         self._ended: str | None = None
         self._duplicates = 0
+        self._unavailable = 0              # `unavailable` errors since the last ack (`retry_pause`)
 
     # -- what a shell may read ----------------------------------------------------------------------
 
@@ -510,6 +533,7 @@ class ClientSession:
     # -- acks -------------------------------------------------------------------------------------------
 
     def _on_ack(self, ack: Ack) -> None:
+        self._unavailable = 0  # the store took a call again: a later outage's pauses start short
         if self._open is not None and ack.id == self._open.id:
             self._on_opened(ack)
         elif self._head is not None and ack.id == self._head.id:
@@ -582,7 +606,9 @@ class ClientSession:
             case Reaction.RETRY:
                 if target is Target.COMMAND:  # not re-sent by a reconnect: `retry` sends it
                     self._pending[str(error.id)].waiting = True
-                self._emit(RetryLater(self._frame_named(error.id, target), error.code))
+                pause = retry_pause(error, self._unavailable)
+                self._unavailable += error.code is ErrorCode.UNAVAILABLE
+                self._emit(RetryLater(self._frame_named(error.id, target), error.code, pause))
             case Reaction.DROP:
                 pending = self._pending.pop(str(error.id))
                 self._exports.pop(pending.id, None)

@@ -13,6 +13,7 @@ limits stay in gateway/server.py, before a frame gets here.
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from enum import Enum
@@ -40,6 +41,7 @@ from actors.hosting.backend import (
 )
 from actors.identity import Caller
 from actors.quotas import QuotaExceeded
+from actors.store.base import StoreUnavailable
 from gateway.session import FORBIDDEN_MESSAGE
 from protocol.frames import (
     Ack,
@@ -210,6 +212,30 @@ def quota_error(refused: QuotaExceeded, frame_id: str | None = None, conversatio
                       resets_at=refused.resets_at_iso)
 
 
+CAUSE_MAX_CHARS: Final = 120
+_UNPRINTABLE: Final = re.compile(r"[\x00-\x1f\x7f]+")
+
+
+def safe_cause(cause: str) -> str:
+    """A store outage's cause as it may be shown to a client or a probe: one line, cut short. The
+    store words it for that (`StoreUnavailable.cause`: "failover", "disk full", …); this only keeps a
+    long or multi-line one from reaching the wire as it is."""
+    line = " ".join(_UNPRINTABLE.sub(" ", cause).split()) or "unknown cause"
+    return line if len(line) <= CAUSE_MAX_CHARS else line[: CAUSE_MAX_CHARS - 1] + "…"
+
+
+def unavailable_error(outage: StoreUnavailable, frame_id: str | None = None,
+                      conversation_id: str | None = None) -> ErrorFrame:
+    """`unavailable`, naming the store's cause and when to send the frame again (docs/wire-protocol.md#5-error-codes):
+    the frame was not acted on, so the same frame, same id, may follow after `retry_after_ms`. No
+    ref and nothing logged at error level: an outage is the store's to report, not a bug of this frame."""
+    retry_after_ms = max(0, int(outage.retry_after_ms))
+    return ErrorFrame(code=ErrorCode.UNAVAILABLE, id=frame_id, conversation_id=conversation_id,
+                      message=f"store unavailable: {safe_cause(outage.cause)}; frame not processed, "
+                              f"send it again (same id) after {retry_after_ms} ms",
+                      retry_after_ms=retry_after_ms)
+
+
 def _conversation(frame: ClientFrame) -> str | None:
     return None if isinstance(frame, Ping | ListFrame) else frame.conversation_id
 
@@ -241,6 +267,11 @@ def _over_quota(exc: QuotaExceeded, frame: ClientFrame) -> ErrorFrame:
     return quota_error(exc, frame.id, _conversation(frame))
 
 
+def _store_down(exc: StoreUnavailable, frame: ClientFrame) -> ErrorFrame:
+    log.debug("frame %s not processed: %s", type(frame).__name__, exc)
+    return unavailable_error(exc, frame.id, _conversation(frame))
+
+
 def _replaced(exc: ConfigurationReplaced, frame: ClientFrame) -> Drain:
     return Drain.DRAIN
 
@@ -265,6 +296,7 @@ REFUSALS: Final[Mapping[type[Exception], Refusal]] = {
     InvalidCursor:         _bad_cursor,     # bad_request: before: not a cursor of this server
     UnknownAsk:            _no_question,    # not_found: no question is waiting for this ask_id
     QuotaExceeded:         _over_quota,     # quota_exceeded with quota, scope, resets_at
+    StoreUnavailable:      _store_down,     # unavailable: store unavailable: <cause>; …, with retry_after_ms
     ConfigurationReplaced: _replaced,       # nothing: the replica drains, 1012 follows
     Exception:             _internal,       # internal (ref …); the exception itself only in the log
 }  # fmt: skip

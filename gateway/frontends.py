@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -82,7 +83,16 @@ STATUS: Final[Mapping[ErrorCode, HTTPStatus]] = {
     ErrorCode.RATE_LIMITED:   HTTPStatus.TOO_MANY_REQUESTS,
     ErrorCode.OVERLOADED:     HTTPStatus.SERVICE_UNAVAILABLE,
     ErrorCode.TOO_LARGE:      HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+    ErrorCode.UNAVAILABLE:    HTTPStatus.SERVICE_UNAVAILABLE,  # with Retry-After (`retry_after`)
 }  # fmt: skip
+
+
+def retry_after(frame: ErrorFrame) -> list[tuple[str, str]]:
+    """The `Retry-After` header (RFC 9110 §10.2.3, whole seconds, rounded up) of a refusal that
+    says when to try again (`unavailable`'s `retry_after_ms`); none otherwise."""
+    if frame.retry_after_ms is None:
+        return []
+    return [("Retry-After", str(math.ceil(frame.retry_after_ms / 1000)))]
 
 
 class Refusal(Exception):
@@ -397,7 +407,8 @@ class Frontends:
                          refused.text or "draining: retry on another replica")
             return
         status = STATUS.get(refused.frame.code, HTTPStatus.INTERNAL_SERVER_ERROR)
-        await exchange.respond(status, encode_frame(refused.frame), "application/json", self._cors(request))
+        await exchange.respond(status, encode_frame(refused.frame), "application/json",
+                               [*self._cors(request), *retry_after(refused.frame)])
 
     def _cors(self, request: HttpRequest) -> list[tuple[str, str]]:
         """A page of another origin got here only if that origin may connect (`admit`)."""

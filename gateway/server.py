@@ -27,6 +27,7 @@ import asyncio
 import collections
 import contextlib
 import gc
+import inspect
 import logging
 import mimetypes
 import re
@@ -35,9 +36,10 @@ import time
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 from urllib.parse import parse_qs
 
 import msgspec
@@ -53,10 +55,11 @@ from actors import tracing
 from actors.hosting.backend import Backend, ConfigurationReplaced
 from actors.identity import Owner
 from actors.quotas import QuotaExceeded, Scope, connection_refusal, scope_key
+from actors.store.base import StoreUnavailable
 from gateway.auth import Authenticated, Unauthorized, authenticate, load_verifier
-from gateway.dispatch import dispatch, quota_error
+from gateway.dispatch import dispatch, quota_error, safe_cause, unavailable_error
 from gateway.front import HttpFront, Refused, front_connection
-from gateway.frontends import Frontends
+from gateway.frontends import Frontends, retry_after
 from gateway.limits import quota_limits, session_limits
 from gateway.metrics import GatewayMetrics
 from gateway.origins import OriginPolicy
@@ -99,6 +102,77 @@ LIST_LIMIT_DEFAULT: Final = 20   # GET /v1/conversations without ?limit= (docs/w
 _json: Final = msgspec.json.Encoder()
 
 
+# -- the store's health, as the backend may report it (docs/design.md#store-outage) -----------------
+#
+# Optional on a Backend, so asked with getattr: a backend without them has no store metrics and a
+# /readyz that does not look at the store.
+#   store_health()   → StoreHealth                 (or an awaitable of it)
+#   store_counters() → Mapping[str, int | float]   (or an awaitable of it): the store's own totals,
+#                      e.g. {"retried_batches": 3}, each shown as reactgate_store_<name>_total
+
+STORE_POLL_S: Final = 2.0         # how often the gateway looks at the store (/metrics' outage seconds)
+STORE_ASK_TIMEOUT_S: Final = 1.0  # a look that takes longer tells nothing (and holds up no probe)
+
+
+class StoreHealth(Protocol):
+    """What `store_health()` returns."""
+
+    @property
+    def ok(self) -> bool: ...            # the store takes calls now
+    @property
+    def since(self) -> float | None: ... # not ok: when the outage began (unix time, time.time())
+    @property
+    def cause(self) -> str | None: ...   # not ok: why, in words fit for a client (StoreUnavailable.cause)
+
+
+@dataclass(frozen=True)
+class StoreDown:
+    """A `store_health()` that raised StoreUnavailable instead of answering: the store is down."""
+
+    cause: str
+    since: float | None = None
+    ok: bool = False
+
+
+async def _ask(backend: object, method: str) -> Any:
+    """`backend.<method>()`, awaited if it is a coroutine, within STORE_ASK_TIMEOUT_S; None when the
+    backend has no such method or asking failed (logged: a look that fails is no outage)."""
+    ask = getattr(backend, method, None)
+    if ask is None:
+        return None
+    try:
+        answer = ask()
+        if inspect.isawaitable(answer):
+            answer = await asyncio.wait_for(answer, STORE_ASK_TIMEOUT_S)
+    except StoreUnavailable as exc:
+        return StoreDown(exc.cause) if method == "store_health" else None
+    except Exception:
+        log.warning("asking the backend's %s failed", method, exc_info=True)
+        return None
+    return answer
+
+
+async def store_health(backend: object) -> StoreHealth | None:
+    """The store's health by the backend's `store_health()`, or None: no such method, or no answer."""
+    health: StoreHealth | None = await _ask(backend, "store_health")
+    return health
+
+
+async def store_counters(backend: object) -> Mapping[str, float] | None:
+    """The store's counters by the backend's `store_counters()`, or None: no such method, or no answer."""
+    counters = await _ask(backend, "store_counters")
+    if counters is not None and not isinstance(counters, Mapping):
+        log.warning("the backend's store_counters gave %s, not a mapping: ignored", type(counters).__name__)
+        return None
+    return counters
+
+
+def store_down_text(health: StoreHealth, now: float) -> str:
+    """/readyz's reason for a store that is down: `store unavailable since 12.5s: failover`."""
+    since = "" if health.since is None else f" since {max(0.0, now - health.since):.1f}s"
+    return f"store unavailable{since}: {safe_cause(health.cause or '')}"
+
+
 class GatewayServer:
     """`await start()` → (host, port); `await serve_forever()`; `await drain()` on SIGTERM."""
 
@@ -124,6 +198,7 @@ class GatewayServer:
         self._quotas = quota_limits(settings)
         self._connections: collections.Counter[tuple[Scope, str]] = collections.Counter()
         self._quota_metrics: asyncio.Task[None] | None = None
+        self._store_watch: asyncio.Task[None] | None = None
         # The frontends' endpoints (docs/frontends.md): requests with a body and a streamed answer,
         # split from the WebSocket's by gateway/front.py on the same port.
         self.frontends = Frontends(self)
@@ -163,6 +238,8 @@ class GatewayServer:
             raise
         host, port = self._server.sockets[0].getsockname()[:2]
         self._quota_metrics = asyncio.get_running_loop().create_task(self._read_quota_counters())
+        if any(hasattr(self.backend, method) for method in ("store_health", "store_counters")):
+            self._store_watch = asyncio.get_running_loop().create_task(self._watch_store())
         log.info("reactgate gateway listening on %s:%s", host, port)
         return str(host), int(port)
 
@@ -174,6 +251,26 @@ class GatewayServer:
             except Exception:
                 log.warning("reading the quota counters failed", exc_info=True)
             await asyncio.sleep(self.settings.quota_metrics_interval_s)
+
+    async def _watch_store(self) -> None:
+        """Look at the store every STORE_POLL_S, so that /metrics counts an outage nobody probed."""
+        while True:
+            try:
+                await self.refresh_store()
+            except Exception:
+                log.warning("looking at the store failed", exc_info=True)
+            await asyncio.sleep(STORE_POLL_S)
+
+    async def refresh_store(self) -> StoreHealth | None:
+        """Ask the backend for the store's health and counters, into /metrics; the health, or None
+        when the backend cannot tell."""
+        health = await store_health(self.backend)
+        if health is not None:
+            self.metrics.store.observe(bool(health.ok), time.monotonic())
+        counters = await store_counters(self.backend)
+        if counters is not None:
+            self.metrics.store.set_counters(counters)
+        return health
 
     async def serve_forever(self) -> None:
         """Return once `drain()` finished (or the server was closed)."""
@@ -197,8 +294,9 @@ class GatewayServer:
             await self._stopped.wait()
             return
         self._draining = True
-        if self._quota_metrics is not None:
-            self._quota_metrics.cancel()
+        for task in (self._quota_metrics, self._store_watch):
+            if task is not None:
+                task.cancel()
         deadline = time.monotonic() + self.settings.drain_grace_s
         server = self._server
         try:
@@ -242,16 +340,24 @@ class GatewayServer:
     def _healthz(self, connection: ServerConnection, request: Request) -> Response:
         return connection.respond(HTTPStatus.OK, "ok\n")
 
-    def _readyz(self, connection: ServerConnection, request: Request) -> Response:
-        """503 while this replica must not get new clients: a load balancer stops sending them."""
+    async def _readyz(self, connection: ServerConnection, request: Request) -> Response:
+        """503 while this replica must not get new clients: a load balancer stops sending them. A
+        store that is down is such a time (no new conversation could be opened); the WebSockets
+        already open are kept, and their frames are answered `unavailable` until it is back."""
         if self.ready:
-            return connection.respond(HTTPStatus.OK, f"ready (generation {self.backend.generation or 'local'})\n")
-        why = "draining" if self._draining else "backend not started"
-        if self._replaced is not None:
-            why = f"draining: {self._replaced}"
+            health = await self.refresh_store()
+            if health is None or health.ok:
+                return connection.respond(HTTPStatus.OK, f"ready (generation {self.backend.generation or 'local'})\n")
+            why = store_down_text(health, time.time())
+        else:
+            why = "draining" if self._draining else "backend not started"
+            if self._replaced is not None:
+                why = f"draining: {self._replaced}"
         return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, f"not ready: {why}\n")
 
-    def _metrics_page(self, connection: ServerConnection, request: Request) -> Response:
+    async def _metrics_page(self, connection: ServerConnection, request: Request) -> Response:
+        if self._backend_started:
+            await self.refresh_store()  # the store's gauge as of this scrape
         return _response(HTTPStatus.OK, self.metrics.render(), CONTENT_TYPE_LATEST)
 
     def _console(self, connection: ServerConnection, request: Request) -> Response:
@@ -337,6 +443,11 @@ class GatewayServer:
             page = await self.backend.list_conversations(caller.owner, limit, befores[-1] if befores else None)
         except InvalidCursor as exc:
             return connection.respond(HTTPStatus.BAD_REQUEST, f"bad request: {exc}\n")
+        except StoreUnavailable as exc:  # as /ws's `unavailable`: ask again after Retry-After
+            refused = unavailable_error(exc)
+            text = f"store unavailable: {safe_cause(exc.cause)}; retry after {refused.retry_after_ms} ms\n"
+            return _response(HTTPStatus.SERVICE_UNAVAILABLE, text.encode(), "text/plain; charset=utf-8",
+                             retry_after(refused))
         except Exception:
             ref = uuid.uuid4().hex[:12]  # as an `internal` error frame: the details only in the log
             log.exception("listing conversations failed (ref %s)", ref)
@@ -446,7 +557,7 @@ Route = Callable[[GatewayServer, ServerConnection, Request], Response | Awaitabl
 ROUTES: Final[Mapping[str, Route]] = {
     #  path                 route                           token?
     "/healthz":          GatewayServer._healthz,        # no   200 ok: the process is up
-    "/readyz":           GatewayServer._readyz,         # no   200 ready (generation …), or 503 not ready: why
+    "/readyz":           GatewayServer._readyz,         # no   200 ready (generation …), or 503 not ready: why (draining, store down)
     "/metrics":          GatewayServer._metrics_page,   # no   Prometheus text
     "/":                 GatewayServer._console,        # no   the web console (gateway/static/index.html)
     "/index.html":       GatewayServer._console,

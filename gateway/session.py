@@ -35,6 +35,7 @@ from websockets.exceptions import ConnectionClosed
 
 from actors.hosting.backend import Backend, Export, Forbidden
 from actors.identity import Caller, Owner
+from actors.store.base import StoreUnavailable
 from gateway.limits import BadFrameCounter, SessionLimits, TokenBucket
 from gateway.metrics import GatewayMetrics
 from protocol.events import ConversationDeleted, Event
@@ -257,7 +258,8 @@ class Session:
     async def _pump(self, sub: _Subscription) -> None:
         """Stream one subscription into the queue. A failed backend stream is re-opened from the
         last queued seq (no gap, no duplicate); after RESUBSCRIBE_BACKOFF_S is exhausted the client
-        gets `internal` with `last_seq` and resumes itself."""
+        gets `internal` — `unavailable` when the store is away (docs/design.md#store-outage) — with
+        `last_seq`, and resumes itself."""
         failures = 0
         try:
             while sub.active and not self._closing:
@@ -279,9 +281,14 @@ class Session:
                 except Forbidden:
                     self._end(sub, ErrorCode.FORBIDDEN, FORBIDDEN_MESSAGE)
                     return
-                except Exception:
+                except Exception as exc:
                     failures += 1
                     if failures > len(self.resubscribe_backoff_s):
+                        if isinstance(exc, StoreUnavailable):  # a pause: the client resubscribes later
+                            log.warning("subscription to %s ended: %s", sub.conversation_id, exc)
+                            self._end(sub, ErrorCode.UNAVAILABLE, f"store unavailable: {exc.cause}; subscribe "
+                                      "again with after_seq = last_seq to resume", sub.enqueued, exc.retry_after_ms)
+                            return
                         log.exception("subscription to %s failed; giving up", sub.conversation_id)
                         self._end(sub, ErrorCode.INTERNAL, "internal error: subscription ended; "
                                   "subscribe again with after_seq = last_seq to resume", sub.enqueued)
@@ -297,12 +304,13 @@ class Session:
         finally:
             sub.active = False
 
-    def _end(self, sub: _Subscription, code: ErrorCode, message: str, last_seq: int | None = None) -> None:
+    def _end(self, sub: _Subscription, code: ErrorCode, message: str, last_seq: int | None = None,
+             retry_after_ms: int | None = None) -> None:
         """A subscription the backend ended: stop watching it and say why (after its queued events)."""
         if self.subs.get(sub.conversation_id) is sub:
             del self.subs[sub.conversation_id]
             self.send(ErrorFrame(code=code, message=message, conversation_id=sub.conversation_id,
-                                 last_seq=last_seq))
+                                 last_seq=last_seq, retry_after_ms=retry_after_ms))
 
     async def _offer(self, sub: _Subscription, batch: list[Event]) -> bool:
         """Queue a batch; False when the subscription must stop (replaced, paused, closing).

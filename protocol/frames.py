@@ -41,6 +41,7 @@ class ErrorCode(StrEnum):
     OVERLOADED = "overloaded"
     INTERNAL = "internal"
     QUOTA_EXCEEDED = "quota_exceeded"
+    UNAVAILABLE = "unavailable"
 
 
 ERROR_CODES: Final[dict[ErrorCode, str]] = {
@@ -59,6 +60,8 @@ ERROR_CODES: Final[dict[ErrorCode, str]] = {
     ErrorCode.INTERNAL: "an unexpected server error; details are logged, never sent",
     ErrorCode.QUOTA_EXCEEDED: "a quota refused the frame or the connection (`quota`, `scope`, and `resets_at` "
     "for a windowed one); the connection stays open, except over a connection quota (then 1013)",
+    ErrorCode.UNAVAILABLE: "the store cannot take the frame now (a failover, a restart, a full disk) and may later: "
+    "the frame was not acted on; send it again, same id, after `retry_after_ms` (the message names the cause)",
 }
 
 
@@ -263,6 +266,9 @@ class ErrorFrame(_ServerFrame, tag="error", frozen=True):
     quota: str | None = None
     scope: str | None = None
     resets_at: str | None = None
+    # unavailable only (docs/wire-protocol.md#5-error-codes): how long to wait before sending the frame
+    # again, same id. Omitted otherwise, like the quota fields.
+    retry_after_ms: int | None = None
 
 
 class EventFrame(_ServerFrame, tag="event", frozen=True):

@@ -19,6 +19,8 @@ from client.connection import Backoff, Connection, ConnectionLost
 from client.session import (
     ERROR_REACTIONS,
     RESENT_AFTER_RECONNECT,
+    RETRY_PAUSE_S,
+    UNAVAILABLE_PAUSE_MAX_S,
     Acked,
     ClientSession,
     CommandFailed,
@@ -40,6 +42,7 @@ from client.session import (
     Subscribed,
     Target,
     Unreadable,
+    retry_pause,
 )
 from protocol.events import (
     AnswerDelta,
@@ -145,6 +148,7 @@ def test_the_error_reaction_table() -> None:
         ErrorCode.OVERLOADED: (F, F, F, D, P),
         ErrorCode.INTERNAL: (F, F, R, D, S),
         ErrorCode.QUOTA_EXCEEDED: (F, F, F, D, P),
+        ErrorCode.UNAVAILABLE: (R, R, R, R, S),
     }
     assert dict(ERROR_REACTIONS) == {
         (code, target): cell for code, row in expected.items() for target, cell in zip(columns, row, strict=True)
@@ -411,6 +415,103 @@ def test_a_rate_limited_command_is_retried_with_the_same_id_when_the_caller_says
     assert session.pending_ids == (message.id,)
     session.retry(message.id)  # the caller's pause is over
     assert session.outputs() == [Send(message)]
+
+
+# -- unavailable: the store is down; the same frame goes again after retry_after_ms ------------------
+
+
+def unavailable(frame_id: str | None, retry_after_ms: int | None = 1000, **fields: Any) -> bytes:
+    return error(ErrorCode.UNAVAILABLE, "store unavailable: failover; frame not processed", id=frame_id,
+                 retry_after_ms=retry_after_ms, **fields)
+
+
+def test_an_unavailable_command_is_sent_again_with_its_id_after_retry_after_ms_then_acked() -> None:
+    session = opened()
+    session.user_message("x")
+    (message,) = sent(session.outputs())
+    assert isinstance(message, UserMessageFrame)
+    assert feed(session, unavailable(message.id, 1500)) == [RetryLater(message, ErrorCode.UNAVAILABLE, 1.5)]
+    assert session.pending_ids == (message.id,)  # not failed: nothing was done
+    assert message not in sent(reconnect(session))  # waits for its pause, even across a reconnect
+    session.retry(message.id)  # the shell's 1.5 s are over
+    assert sent(session.outputs()) == [message]
+    assert feed(session, ack(message.id, conversation_id=CID)) == [Acked(message, "accepted", resent=True)]
+    assert session.pending_ids == ()
+
+
+@pytest.mark.parametrize("kind", ["steer", "delete", "export", "cancel"])
+def test_every_pending_frame_waits_out_an_outage(kind: str) -> None:
+    session = opened()
+    frame_id = {"steer": lambda: session.steer("y"), "delete": session.delete, "export": session.export,
+                "cancel": session.cancel}[kind]()
+    (frame,) = sent(session.outputs())
+    assert frame.id == frame_id
+    assert feed(session, unavailable(frame_id, 200)) == [RetryLater(frame, ErrorCode.UNAVAILABLE, 0.2)]
+    session.retry(frame_id)
+    assert sent(session.outputs()) == [frame]
+
+
+def test_an_unavailable_open_is_sent_again_with_its_id() -> None:
+    session = ClientSession(new_id=ids())
+    session.connected()
+    (open_frame,) = sent(session.outputs())
+    assert feed(session, unavailable(open_frame.id, 3000)) == [RetryLater(open_frame, ErrorCode.UNAVAILABLE, 3.0)]
+    assert session.ended is None
+    session.retry(open_frame.id)
+    assert sent(session.outputs()) == [open_frame]
+    outputs = feed(session, ack(open_frame.id, conversation_id=CID, last_seq=0))
+    assert outputs[0] == Opened(CID, 0)
+
+
+def test_an_unavailable_subscribe_is_sent_again_with_its_id() -> None:
+    session = ClientSession(new_id=ids())
+    session.connected()
+    (open_frame,) = sent(session.outputs())
+    (subscribe,) = sent(feed(session, ack(open_frame.id, conversation_id=CID, last_seq=0)))
+    assert feed(session, unavailable(subscribe.id, 500, conversation_id=CID)) == [
+        RetryLater(subscribe, ErrorCode.UNAVAILABLE, 0.5)
+    ]
+    session.retry(subscribe.id)
+    assert sent(session.outputs()) == [subscribe]
+
+
+def test_without_retry_after_ms_the_pause_doubles_up_to_a_bound_and_starts_over_after_an_ack() -> None:
+    session = opened()
+    session.user_message("x")
+    (message,) = sent(session.outputs())
+    pauses = []
+    for _ in range(10):
+        (later,) = feed(session, unavailable(message.id, None))
+        assert isinstance(later, RetryLater)
+        pauses.append(later.pause_s)
+        session.retry(message.id)
+        session.outputs()
+    assert pauses == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0, 30.0]
+    feed(session, ack(message.id, conversation_id=CID))
+    session.steer("y")
+    (steer,) = sent(session.outputs())
+    assert feed(session, unavailable(steer.id, None)) == [RetryLater(steer, ErrorCode.UNAVAILABLE, RETRY_PAUSE_S)]
+
+
+def test_a_stream_the_store_could_not_feed_resubscribes_from_the_last_seq() -> None:
+    session = opened()
+    feed(session, thinking(1), thinking(2))
+    outputs = feed(session, unavailable(None, conversation_id=CID, last_seq=2))
+    assert outputs[0] == Resubscribing(2, ErrorCode.UNAVAILABLE)
+    assert sent(outputs) == [Subscribe(id="id3", conversation_id=CID, after_seq=2)]
+
+
+def test_the_retry_pause_of_each_code() -> None:
+    def frame(code: ErrorCode, retry_after_ms: int | None = None) -> ErrorFrame:
+        return ErrorFrame(code=code, message="m", retry_after_ms=retry_after_ms)
+
+    assert retry_pause(frame(ErrorCode.RATE_LIMITED)) == RETRY_PAUSE_S
+    assert retry_pause(frame(ErrorCode.INTERNAL), streak=5) == RETRY_PAUSE_S
+    assert retry_pause(frame(ErrorCode.UNAVAILABLE, 1200), streak=5) == 1.2  # the server's word first
+    assert retry_pause(frame(ErrorCode.UNAVAILABLE, 10**9)) == UNAVAILABLE_PAUSE_MAX_S  # but bounded
+    assert retry_pause(frame(ErrorCode.UNAVAILABLE, -5)) == 0.0
+    assert retry_pause(frame(ErrorCode.UNAVAILABLE), streak=2) == 2.0
+    assert retry_pause(frame(ErrorCode.UNAVAILABLE), streak=10**6) == UNAVAILABLE_PAUSE_MAX_S
 
 
 def test_a_rate_limited_command_is_not_resent_by_a_reconnect_before_its_retry() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import AsyncIterator
+from http import HTTPStatus
 from typing import Any
 
 import pytest
@@ -35,7 +36,9 @@ from actors.hosting.backend import (
 )
 from actors.identity import Caller
 from actors.quotas import Quota, QuotaExceeded, Scope
-from gateway.dispatch import dispatch
+from actors.store.base import StoreUnavailable
+from gateway.dispatch import REFUSALS, dispatch, safe_cause
+from gateway.frontends import STATUS, retry_after
 from protocol.events import Event
 from protocol.frames import (
     CLIENT_FRAME_TYPES,
@@ -312,6 +315,22 @@ REFUSED: list[tuple[BaseException, ClientFrame, ErrorFrame]] = [
      ErrorFrame(code=ErrorCode.QUOTA_EXCEEDED, id="o3",
                 message="quota exceeded: open_conversations per tenant (limit 5); frees up as conversations are deleted",
                 quota="open_conversations", scope="tenant")),
+    (StoreUnavailable("failover", retry_after_ms=1500),
+     UserMessageFrame(id="m4", conversation_id=CID, text="hi"),
+     ErrorFrame(code=ErrorCode.UNAVAILABLE, id="m4", conversation_id=CID, retry_after_ms=1500,
+                message="store unavailable: failover; frame not processed, send it again (same id) after 1500 ms")),
+    (StoreUnavailable("disk full"),
+     Open(id="o5"),
+     ErrorFrame(code=ErrorCode.UNAVAILABLE, id="o5", retry_after_ms=1000,
+                message="store unavailable: disk full; frame not processed, send it again (same id) after 1000 ms")),
+    (StoreUnavailable("restart", retry_after_ms=250),
+     Subscribe(id="s2", conversation_id=CID),
+     ErrorFrame(code=ErrorCode.UNAVAILABLE, id="s2", conversation_id=CID, retry_after_ms=250,
+                message="store unavailable: restart; frame not processed, send it again (same id) after 250 ms")),
+    (StoreUnavailable("lock timeout"),
+     ListFrame(id="l3", limit=5),
+     ErrorFrame(code=ErrorCode.UNAVAILABLE, id="l3", retry_after_ms=1000,
+                message="store unavailable: lock timeout; frame not processed, send it again (same id) after 1000 ms")),
 ]  # fmt: skip
 
 
@@ -356,3 +375,51 @@ async def test_a_closed_socket_is_not_answered(backend: Recorder) -> None:
     with pytest.raises(ConnectionClosed):
         await run(UserMessageFrame(id="m1", conversation_id=CID, text="hi"), backend, peer)
     assert peer.told == []
+
+
+# -- a store outage: unavailable, never internal (docs/wire-protocol.md#5-error-codes) ----------------
+
+
+async def test_a_store_outage_is_unavailable_with_its_cause_and_no_ref_and_logs_no_error(
+    backend: Recorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert REFUSALS[StoreUnavailable] is not REFUSALS[Exception]
+    backend.fail = StoreUnavailable("failover", retry_after_ms=2000)
+    with caplog.at_level(logging.DEBUG, "reactgate.gateway"):
+        peer, drains = await run(UserMessageFrame(id="m1", conversation_id=CID, text="hi"), backend)
+    [error] = peer.told
+    assert isinstance(error, ErrorFrame)
+    assert (error.code, error.id, error.conversation_id, error.retry_after_ms) == (ErrorCode.UNAVAILABLE, "m1", CID, 2000)
+    assert "failover" in error.message and "ref" not in error.message
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]  # an outage is no bug of this frame
+    assert drains.count == 0
+
+
+async def test_the_same_frame_sent_again_after_the_outage_is_acked(backend: Recorder) -> None:
+    frame = UserMessageFrame(id="m1", conversation_id=CID, text="hi")
+    peer = Peer()
+    backend.fail = StoreUnavailable("failover")
+    await run(frame, backend, peer)
+    backend.fail = None
+    await run(frame, backend, peer)
+    assert [type(f).__name__ for f in peer.told] == ["ErrorFrame", "Ack"]
+    assert peer.told[-1] == Ack(id="m1", status="accepted", conversation_id=CID)
+
+
+@pytest.mark.parametrize(("cause", "shown"), [
+    ("failover", "failover"),
+    ("connection refused\n  at db:5432\x00", "connection refused at db:5432"),
+    ("", "unknown cause"),
+    ("x" * 500, "x" * 119 + "…"),
+])  # fmt: skip
+def test_the_cause_reaches_the_wire_as_one_short_line(cause: str, shown: str) -> None:
+    assert safe_cause(cause) == shown
+
+
+def test_the_frontends_answer_unavailable_with_503_and_retry_after() -> None:
+    # docs/frontends.md: the body is the error frame /ws would send; Retry-After in whole seconds, rounded up.
+    assert STATUS[ErrorCode.UNAVAILABLE] is HTTPStatus.SERVICE_UNAVAILABLE
+    frame = ErrorFrame(code=ErrorCode.UNAVAILABLE, message="m", retry_after_ms=1500)
+    assert retry_after(frame) == [("Retry-After", "2")]
+    assert retry_after(ErrorFrame(code=ErrorCode.UNAVAILABLE, message="m", retry_after_ms=0)) == [("Retry-After", "0")]
+    assert retry_after(ErrorFrame(code=ErrorCode.OVERLOADED, message="m")) == []

@@ -168,7 +168,7 @@ def test_every_error_code_is_documented() -> None:
     assert set(ERROR_CODES) == set(ErrorCode)
     assert {c.value for c in ErrorCode} == {
         "bad_request", "unauthorized", "forbidden", "not_found", "rate_limited", "too_large",
-        "slow_consumer", "overloaded", "internal", "quota_exceeded",
+        "slow_consumer", "overloaded", "internal", "quota_exceeded", "unavailable",
     }
 
 
@@ -225,6 +225,47 @@ def test_error_frame_shape() -> None:
     assert json.loads(encode_frame(slow)) == {
         "type": "error", "code": "slow_consumer", "message": "m", "conversation_id": "c", "last_seq": 4,
     }
+
+
+# Every error frame but `unavailable` keeps the bytes it had before `retry_after_ms` existed: the
+# optional fields are omitted unless set, in the order they were declared.
+ERROR_BYTES = [
+    (ErrorFrame(code=ErrorCode.BAD_REQUEST, message="invalid JSON: x"),
+     b'{"type":"error","code":"bad_request","message":"invalid JSON: x"}'),
+    (ErrorFrame(code=ErrorCode.RATE_LIMITED, message="rate limit exceeded: frame not processed", id="m1"),
+     b'{"type":"error","code":"rate_limited","message":"rate limit exceeded: frame not processed","id":"m1"}'),
+    (ErrorFrame(code=ErrorCode.SLOW_CONSUMER, message="send queue full", conversation_id="c", last_seq=4),
+     b'{"type":"error","code":"slow_consumer","message":"send queue full","conversation_id":"c","last_seq":4}'),
+    (ErrorFrame(code=ErrorCode.INTERNAL, message="internal error (ref 1a2b3c4d5e6f)", id="m2", conversation_id="c"),
+     b'{"type":"error","code":"internal","message":"internal error (ref 1a2b3c4d5e6f)","id":"m2","conversation_id":"c"}'),
+    (ErrorFrame(code=ErrorCode.QUOTA_EXCEEDED, message="q", id="m4", conversation_id="c", quota="turns_per_minute",
+                scope="user", resets_at="2026-12-01T06:09:00Z"),
+     b'{"type":"error","code":"quota_exceeded","message":"q","id":"m4","conversation_id":"c",'
+     b'"quota":"turns_per_minute","scope":"user","resets_at":"2026-12-01T06:09:00Z"}'),
+    # docs/wire-protocol.md#5-error-codes: the new code, its field last
+    (ErrorFrame(code=ErrorCode.UNAVAILABLE, id="m5", conversation_id="c", retry_after_ms=1000,
+                message="store unavailable: failover; frame not processed, send it again (same id) after 1000 ms"),
+     b'{"type":"error","code":"unavailable","message":"store unavailable: failover; frame not processed, '
+     b'send it again (same id) after 1000 ms","id":"m5","conversation_id":"c","retry_after_ms":1000}'),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("error", "wire"), ERROR_BYTES, ids=[str(e.code) for e, _ in ERROR_BYTES])
+def test_error_frames_keep_their_bytes_and_retry_after_ms_only_where_set(error: ErrorFrame, wire: bytes) -> None:
+    assert encode_frame(error) == wire
+    assert decode_server_frame(wire) == error
+    assert (b"retry_after_ms" in wire) is (error.code is ErrorCode.UNAVAILABLE)
+
+
+def test_a_client_of_before_reads_an_unavailable_frame() -> None:
+    # A decoder that does not know `retry_after_ms` (msgspec ignores unknown fields of a server frame).
+    class OldErrorFrame(msgspec.Struct, tag_field="type", tag="error"):
+        code: str
+        message: str
+        id: str | None = None
+
+    old = msgspec.json.decode(ERROR_BYTES[-1][1], type=OldErrorFrame)
+    assert (old.code, old.id) == ("unavailable", "m5")
 
 
 def test_pong() -> None:

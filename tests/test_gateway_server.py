@@ -8,21 +8,30 @@ not conversation tests.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import re
 import socket
 import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
 
 import jwt
 import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from actors.hosting.backend import Answer, Cancel, Command, SetMode, Steer, UserMessage
-from gateway.server import GatewayServer
+import gateway.server as server_module
+from actors.hosting.backend import AckStatus, Answer, Cancel, Command, Opened, SetMode, Steer, UserMessage
+from actors.identity import Owner
+from actors.store.base import StoreUnavailable
+from gateway.metrics import StoreMetrics
+from gateway.server import GatewayServer, store_down_text, store_health
 from gateway.session import FORBIDDEN_MESSAGE, Session
 from gateway.settings import BindRefused, Settings
-from protocol.frames import CloseCode, ErrorCode
+from protocol.frames import CloseCode, ConversationPage, ErrorCode
 from tests.fake_backend import BOOM, REPLACED, FakeBackend
 from tests.gateway_harness import running
 from tests.kit import PROTO, TIMEOUT, Client, client, http_get
@@ -630,3 +639,205 @@ async def test_the_conversation_list_over_http_is_the_callers_own_a_page_at_a_ti
 async def test_a_bad_query_is_400_saying_why(query: str, reason: bytes) -> None:
     async with running() as h:
         assert (await http_get(h.host, h.port, f"/v1/conversations?{query}"))[::2] == (400, reason)
+
+
+# -- a store outage (docs/wire-protocol.md#5-error-codes, #12-http-endpoints-on-the-same-port) -------
+
+
+@dataclass(frozen=True)
+class Health:
+    """The shape of a backend's `store_health()` (gateway/server.py StoreHealth)."""
+
+    ok: bool
+    since: float | None = None
+    cause: str | None = None
+
+
+class OutageBackend(FakeBackend):
+    """The fake backend with a store that `fail()` takes down and `recover()` brings back: its
+    health and counters as a backend reports them, and every open and command refused meanwhile."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.outage: StoreUnavailable | None = None
+        self.since: float | None = None
+        self.counters: dict[str, Any] = {"retried_batches": 0}
+
+    def fail(self, cause: str = "failover", retry_after_ms: int = 1000, since: float | None = None) -> None:
+        self.outage = StoreUnavailable(cause, retry_after_ms)
+        self.since = time.time() if since is None else since
+
+    def recover(self) -> None:
+        self.outage = self.since = None
+
+    def store_health(self) -> Health:
+        if self.outage is None:
+            return Health(ok=True)
+        return Health(ok=False, since=self.since, cause=self.outage.cause)
+
+    def store_counters(self) -> dict[str, Any]:
+        return dict(self.counters)
+
+    async def open(self, owner: Owner, conversation_id: str | None, agent: str | None, mode: str | None,
+                   create_missing: bool = False) -> Opened:
+        if self.outage is not None:
+            raise self.outage
+        return await super().open(owner, conversation_id, agent, mode)
+
+    async def command(self, owner: Owner, conversation_id: str, command: Command) -> AckStatus:
+        if self.outage is not None:
+            raise self.outage
+        return await super().command(owner, conversation_id, command)
+
+    async def list_conversations(self, owner: Owner, limit: int, before: str | None) -> ConversationPage:
+        if self.outage is not None:
+            raise self.outage
+        return await super().list_conversations(owner, limit, before)
+
+
+class AsyncHealthBackend(OutageBackend):
+    """A backend whose store lives elsewhere (Ray): its health is a coroutine."""
+
+    async def store_health(self) -> Health:  # type: ignore[override]
+        await asyncio.sleep(0)
+        return super().store_health()
+
+
+@contextlib.asynccontextmanager
+async def serving(backend: FakeBackend) -> AsyncIterator[tuple[str, int, GatewayServer]]:
+    server = GatewayServer(Settings(host="127.0.0.1", port=0, backend="local"), backend)
+    host, port = await server.start()
+    try:
+        yield host, port, server
+    finally:
+        await server.drain()
+
+
+def metric(text: str, name: str) -> float | None:
+    """A sample's value in Prometheus text, or None when there is no such sample."""
+    found = re.search(rf"^{re.escape(name)} (\S+)$", text, flags=re.MULTILINE)
+    return None if found is None else float(found.group(1))
+
+
+@pytest.mark.parametrize("backend_type", [OutageBackend, AsyncHealthBackend])
+async def test_readyz_is_503_naming_the_cause_while_the_store_is_down_and_open_sockets_stay(
+    backend_type: type[OutageBackend],
+) -> None:
+    backend = backend_type()
+    async with serving(backend) as (host, port, _), client(f"ws://{host}:{port}/ws") as c:
+        assert (await http_get(host, port, "/readyz"))[::2] == (200, b"ready (generation local)\n")
+        backend.fail("failover", since=time.time() - 12.5)
+        status, _, body = await http_get(host, port, "/readyz")
+        assert status == 503
+        assert re.fullmatch(rb"not ready: store unavailable since 12\.[5-9]s: failover\n", body), body
+        assert (await c.request(type="ping"))["type"] == "pong"  # the WebSocket is kept
+        backend.recover()
+        assert (await http_get(host, port, "/readyz"))[0] == 200
+
+
+async def test_a_command_during_an_outage_is_unavailable_then_the_same_id_is_acked() -> None:
+    backend = OutageBackend()
+    async with serving(backend) as (host, port, _), client(f"ws://{host}:{port}/ws") as c:
+        cid = await c.open()
+        backend.fail("failover", retry_after_ms=1500)
+        refused = await c.request(type="user_message", id="m1", conversation_id=cid, text="hi")
+        assert refused == {"type": "error", "code": "unavailable", "id": "m1", "conversation_id": cid,
+                           "retry_after_ms": 1500, "message": "store unavailable: failover; frame not "
+                           "processed, send it again (same id) after 1500 ms"}
+        assert backend.conversations[cid].commands == []
+        backend.recover()
+        acked = await c.request(type="user_message", id="m1", conversation_id=cid, text="hi")
+        assert acked == {"type": "ack", "id": "m1", "status": "accepted", "conversation_id": cid}
+        metrics = (await http_get(host, port, "/metrics"))[2].decode()
+        assert metric(metrics, 'reactgate_errors_total{code="unavailable"}') == 1.0
+        assert metric(metrics, 'reactgate_errors_total{code="internal"}') is None
+
+
+async def test_the_conversation_list_over_http_is_503_with_retry_after_during_an_outage() -> None:
+    backend = OutageBackend()
+    async with serving(backend) as (host, port, _):
+        backend.fail("disk full", retry_after_ms=2500)
+        status, headers, body = await http_get(host, port, "/v1/conversations")
+        assert (status, headers["retry-after"]) == (503, "3")
+        assert body == b"store unavailable: disk full; retry after 2500 ms\n"
+
+
+async def test_metrics_show_the_store_up_then_down_then_up_and_count_the_outage_seconds() -> None:
+    backend = OutageBackend()
+    async with serving(backend) as (host, port, _):
+        text = (await http_get(host, port, "/metrics"))[2].decode()
+        assert metric(text, "reactgate_store_up") == 1.0
+        assert metric(text, "reactgate_store_outage_seconds_total") == 0.0
+        assert metric(text, "reactgate_store_retried_batches_total") == 0.0
+        backend.fail()
+        assert (await http_get(host, port, "/readyz"))[0] == 503  # a look: down from here
+        await asyncio.sleep(0.3)
+        backend.counters["retried_batches"] = 4  # the store retried batches meanwhile
+        text = (await http_get(host, port, "/metrics"))[2].decode()
+        assert metric(text, "reactgate_store_up") == 0.0
+        down = metric(text, "reactgate_store_outage_seconds_total")
+        assert down is not None and down >= 0.3
+        assert metric(text, "reactgate_store_retried_batches_total") == 4.0
+        backend.recover()
+        text = (await http_get(host, port, "/metrics"))[2].decode()
+        assert metric(text, "reactgate_store_up") == 1.0
+        after = metric(text, "reactgate_store_outage_seconds_total")
+        await asyncio.sleep(0.1)
+        text = (await http_get(host, port, "/metrics"))[2].decode()
+        assert after is not None and after >= down
+        assert metric(text, "reactgate_store_outage_seconds_total") == after  # up: no more seconds
+
+
+async def test_a_backend_without_a_store_health_has_no_store_metrics_and_a_plain_readyz() -> None:
+    async with running() as h:
+        assert not hasattr(h.backend, "store_health")
+        assert (await http_get(h.host, h.port, "/readyz"))[0] == 200
+        text = (await http_get(h.host, h.port, "/metrics"))[2].decode()
+        assert "reactgate_store_" not in text
+
+
+async def test_the_store_is_watched_without_any_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server_module, "STORE_POLL_S", 0.02)
+    backend = OutageBackend()
+    backend.fail()
+    async with serving(backend) as (_, _, server):
+        await asyncio.sleep(0.2)
+        assert server.metrics.store.up is False and server.metrics.store.outage_s > 0.1
+
+
+@pytest.mark.parametrize(("counters", "shown"), [
+    ({"retried_batches": 3, "retries_total": 7}, {"retried_batches": 3.0, "retries": 7.0}),
+    ({"Bad-Name": 1, "up": 1, "nan": float("nan"), "flag": True, "text": "9", "ok": 2}, {"ok": 2.0}),
+])  # fmt: skip
+def test_store_counters_that_are_no_metric_are_skipped(counters: dict[str, Any], shown: dict[str, float]) -> None:
+    store = StoreMetrics()
+    store.set_counters(counters)
+    assert store.counters == shown
+
+
+async def test_a_store_health_that_raises_or_hangs_tells_nothing_and_one_that_raises_an_outage_is_down(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(server_module, "STORE_ASK_TIMEOUT_S", 0.05)
+
+    class Raises:
+        def store_health(self) -> Health:
+            raise RuntimeError("bug")
+
+    class Hangs:
+        async def store_health(self) -> Health:
+            await asyncio.sleep(10)
+            raise AssertionError
+
+    class Down:
+        def store_health(self) -> Health:
+            raise StoreUnavailable("restart")
+
+    assert await store_health(Raises()) is None
+    assert await store_health(Hangs()) is None
+    assert await store_health(object()) is None
+    down = await store_health(Down())
+    assert down is not None and (down.ok, down.cause) == (False, "restart")
+    assert store_down_text(Health(ok=False, since=100.0, cause="fail\nover"), 112.34) == \
+        "store unavailable since 12.3s: fail over"
+    assert store_down_text(Health(ok=False), 0.0) == "store unavailable: unknown cause"

@@ -35,7 +35,6 @@ import msgspec
 from hdrh.histogram import HdrHistogram
 
 from client.session import (
-    RETRY_PAUSE_S,
     Acked,
     ClientSession,
     Fatal,
@@ -296,8 +295,8 @@ class SimUser:
                 self._on_head(head)
             case Acked(status="duplicate", resent=True):
                 stats.duplicate_acks += 1
-            case RetryLater(frame=frame):
-                self._retry_at[frame.id] = mono + RETRY_PAUSE_S
+            case RetryLater(frame=frame, pause_s=pause_s):
+                self._retry_at[frame.id] = mono + pause_s   # RETRY_PAUSE_S, or a store outage's retry_after_ms
             case Fatal(reason=reason):
                 self.fatal = reason
                 self.finished = True

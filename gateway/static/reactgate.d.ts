@@ -5,6 +5,8 @@
 export declare const SUBPROTOCOL: "reactgate.v1";
 export declare const CLOSE_TOKEN_EXPIRED: 4001;
 export declare const RETRY_PAUSE_MS: number;
+/** The longest pause before sending again a frame refused `unavailable`, whatever its retry_after_ms. */
+export declare const UNAVAILABLE_PAUSE_CAP_MS: number;
 export declare const BACKOFF: Readonly<{ baseMs: number; capMs: number }>;
 
 export type CommandType = "user_message" | "steer" | "answer" | "set_mode" | "cancel";
@@ -12,7 +14,7 @@ export declare const RESENT_AFTER_RECONNECT: Readonly<Record<CommandType | "list
 
 export type ErrorCode =
   | "bad_request" | "unauthorized" | "forbidden" | "not_found" | "rate_limited" | "too_large"
-  | "slow_consumer" | "overloaded" | "internal" | "quota_exceeded";
+  | "slow_consumer" | "overloaded" | "internal" | "quota_exceeded" | "unavailable";
 export type ErrorTarget = "open" | "subscribe" | "command" | "stream";
 export type Reaction = "fatal" | "resubscribe" | "retry" | "drop" | "report";
 export declare const FATAL: "fatal";
@@ -23,6 +25,10 @@ export declare const REPORT: "report";
 export declare const ERROR_TARGETS: readonly ErrorTarget[];
 export declare const ERROR_REACTIONS: Readonly<Record<ErrorCode, readonly [Reaction, Reaction, Reaction, Reaction]>>;
 export declare function reaction(code: string, target: ErrorTarget): Reaction;
+/** Milliseconds to wait before sending again the frame `error` refused: `unavailable`'s
+ *  `retry_after_ms`, or without one max(pauseMs, 1)·2^streak (`streak`: `unavailable` errors since the
+ *  last ack), both at most UNAVAILABLE_PAUSE_CAP_MS; any other code: `pauseMs` (default RETRY_PAUSE_MS). */
+export declare function retryPause(error: Pick<ErrorFrame, "code" | "retry_after_ms">, streak?: number, pauseMs?: number): number;
 
 export interface BackoffOptions {
   baseMs?: number;
@@ -48,6 +54,8 @@ export interface ErrorFrame {
   quota?: string;
   scope?: "user" | "tenant" | "ip" | string;
   resets_at?: string;
+  /** `unavailable` only: send the same frame, same id, again after this many milliseconds. */
+  retry_after_ms?: number;
 }
 
 /** A server error frame, or a failure of the client's own: "lost" (a `cancel` whose connection
@@ -180,6 +188,8 @@ export interface ClientOptions {
   /** Errors about nothing this client tracks. */
   onError?: (error: ReactgateError) => void;
   backoff?: BackoffOptions;
+  /** The pause before re-sending a frame the server did not process (`rate_limited`, `internal` on a
+   *  subscribe); `unavailable` waits its `retry_after_ms` instead (`retryPause`). */
   retryPauseMs?: number;
 }
 

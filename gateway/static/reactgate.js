@@ -42,7 +42,9 @@
 //                                     subscribe in flight
 //   `conversation.deleted`            delivered, then the conversation ends (`onEnd`)
 //   an ack                            resolves the command's promise; the backoff starts over
-//   an error frame                    ERROR_REACTIONS below
+//   an error frame                    ERROR_REACTIONS below; a frame the server did not process
+//                                     (`rate_limited`, `unavailable`) goes again, same id, after
+//                                     `retryPause`: `unavailable`'s retry_after_ms (the store is down)
 //
 //   Close code                        What the client does
 //   ────────────────────────────────  ──────────────────────────────────────────────────────────────
@@ -62,6 +64,7 @@
 export const SUBPROTOCOL = "reactgate.v1";
 export const CLOSE_TOKEN_EXPIRED = 4001;
 export const RETRY_PAUSE_MS = 500;   // a frame the server did not process (rate_limited) goes again after this
+export const UNAVAILABLE_PAUSE_CAP_MS = 30_000;  // the longest pause after `unavailable`, whatever it asks
 export const BACKOFF = Object.freeze({ baseMs: 200, capMs: 5000 });
 
 // Which commands go out again, with the same id, on the next connection when no ack came back.
@@ -81,7 +84,7 @@ export const RESENT_AFTER_RECONNECT = Object.freeze({
 // column, `head` (its head check), that this client has no use for.
 export const FATAL = "fatal";              // the conversation ends (`onEnd`); a creation's promise rejects
 export const RESUBSCRIBE = "resubscribe";  // subscribe again after the last delivered seq: nothing is lost
-export const RETRY = "retry";              // not processed: send it again, same id, after RETRY_PAUSE_MS
+export const RETRY = "retry";              // not processed: send it again, same id, after `retryPause`
 export const DROP = "drop";                // the command will never be acted on: its promise rejects
 export const REPORT = "report";            // tell the app (`onError`); nothing to do
 export const ERROR_TARGETS = Object.freeze(["open", "subscribe", "command", "stream"]);
@@ -98,11 +101,22 @@ export const ERROR_REACTIONS = Object.freeze({
   overloaded:     [F,   F,        D,      P],
   internal:       [F,   R,        D,      S],  // stream: ended after the server's retries
   quota_exceeded: [F,   F,        D,      P],  // the frame carries `quota`, `scope`, `resets_at`
+  unavailable:    [R,   R,        R,      S],  // the store is down: again after `retry_after_ms`
 });
 
 export function reaction(code, target) {
   const row = ERROR_REACTIONS[code];
   return row ? row[ERROR_TARGETS.indexOf(target)] : REPORT;  // a code this client does not know
+}
+
+/** How long to wait before sending again the frame an error refused (docs/wire-protocol.md#5-error-codes):
+ *  for `unavailable`, its `retry_after_ms`, or without one max(pauseMs, 1)·2^streak (`streak`: the
+ *  `unavailable` errors since the last ack), both at most UNAVAILABLE_PAUSE_CAP_MS; else `pauseMs`.
+ *  As client/session.py's `retry_pause`. */
+export function retryPause(err, streak = 0, pauseMs = RETRY_PAUSE_MS) {
+  if (err.code !== "unavailable") return pauseMs;
+  if (typeof err.retry_after_ms === "number") return Math.min(UNAVAILABLE_PAUSE_CAP_MS, Math.max(0, err.retry_after_ms));
+  return Math.min(UNAVAILABLE_PAUSE_CAP_MS, Math.max(pauseMs, 1) * 2 ** Math.min(streak, 16));
 }
 
 /** Exponential backoff with full jitter: attempt n waits uniform(0, min(cap, base·2ⁿ)) ms. */
@@ -237,6 +251,7 @@ export class ReactgateClient {
     this._connecting = false;
     this._reconnectTimer = null;
     this._attempt = 0;
+    this._unavailable = 0;        // `unavailable` errors since the last ack: `retryPause`'s streak
     this._timers = new Set();
     this._ended = null;           // why the client is over, or null
   }
@@ -531,9 +546,9 @@ export class ReactgateClient {
     }
     switch (frame.type) {
       case "event": return this._onEvent(frame);
-      case "ack": this._attempt = 0; return this._onAck(frame);
+      case "ack": this._attempt = this._unavailable = 0; return this._onAck(frame);
       case "error": return this._onErrorFrame(frame);
-      case "conversations": this._attempt = 0; return this._onConversations(frame);
+      case "conversations": this._attempt = this._unavailable = 0; return this._onConversations(frame);
       default: return undefined;  // pong, export.completed: nothing this client asked for
     }
   }
@@ -649,9 +664,12 @@ export class ReactgateClient {
       case RESUBSCRIBE:  // from our own last delivered seq, not the error's: nothing is lost
         if (t.conv.ready && t.conv.sub) this._sendSubscribe(t.conv);
         return;
-      case RETRY:
-        this._retryLater(t, err.id);
+      case RETRY: {
+        const pause = retryPause(err, this._unavailable, this._retryPauseMs);
+        if (err.code === "unavailable") this._unavailable += 1;
+        this._retryLater(t, err.id, pause);
         return;
+      }
       case DROP:
         if (t.lists) this._lists.delete(t.pending.id);
         else t.conv.pending.delete(t.pending.id);
@@ -668,10 +686,10 @@ export class ReactgateClient {
   }
 
   // Send again, with the same id, a frame the server did not process; a stale one does nothing.
-  _retryLater(t, frameId) {
+  _retryLater(t, frameId, pauseMs) {
     const item = t.creation ?? t.pending;
     if (item) item.waiting = true;  // not re-sent by a reconnect meanwhile: the timer sends it
-    this._later(this._retryPauseMs, () => {
+    this._later(pauseMs, () => {
       if (t.creation) {
         if (!this._creating.has(t.creation)) return;
         t.creation.waiting = false;

@@ -1,10 +1,13 @@
 // reactgate.js's rules on scripted frames, without a server: a fake WebSocket the test drives shows
 // what the client sends and what it delivers (the cases a live gateway does not produce on demand:
-// a gap, rate_limited, slow_consumer, a lost cancel). The same rules as tests/test_client_session.py.
+// a gap, rate_limited, unavailable, slow_consumer, a lost cancel). The same rules as tests/test_client_session.py.
 import { test } from "node:test";
 import assert from "node:assert/strict";
 
-import { ERROR_REACTIONS, ERROR_TARGETS, RESENT_AFTER_RECONNECT, ReactgateClient, backoffDelay, reaction } from "../../gateway/static/reactgate.js";
+import {
+  ERROR_REACTIONS, ERROR_TARGETS, RESENT_AFTER_RECONNECT, RETRY_PAUSE_MS, ReactgateClient, UNAVAILABLE_PAUSE_CAP_MS,
+  backoffDelay, reaction, retryPause,
+} from "../../gateway/static/reactgate.js";
 import { until } from "./harness.mjs";
 
 const TIMEOUT = { timeout: 10_000 };
@@ -83,6 +86,7 @@ test("the tables are total and say what client/session.py says", () => {
   assert.equal(reaction("rate_limited", "command"), "retry");
   assert.equal(reaction("internal", "stream"), "resubscribe");
   assert.equal(reaction("some_new_code", "open"), "report");
+  assert.deepEqual(ERROR_REACTIONS.unavailable, ["retry", "retry", "retry", "resubscribe"]);
   assert.equal(RESENT_AFTER_RECONNECT.cancel, false);
   assert.equal(RESENT_AFTER_RECONNECT.user_message, true);
   assert.equal(backoffDelay(0, { random: () => 1 }), 200);
@@ -197,4 +201,57 @@ test("close 4001: a token supplier is asked again; a fixed token ends the client
   assert.equal(fixed.statuses.at(-1).state, "ended");
   await new Promise((resolve) => setTimeout(resolve, 50));
   assert.equal(fixed.sockets.length, 1);
+});
+
+test("retryPause: unavailable waits its retry_after_ms, bounded; without it the pause doubles; other codes: the pause", () => {
+  assert.equal(retryPause({ code: "rate_limited" }), RETRY_PAUSE_MS);
+  assert.equal(retryPause({ code: "internal" }, 5, 20), 20);
+  assert.equal(retryPause({ code: "unavailable", retry_after_ms: 1200 }, 5), 1200);  // the server's word first
+  assert.equal(retryPause({ code: "unavailable", retry_after_ms: 1e9 }), UNAVAILABLE_PAUSE_CAP_MS);
+  assert.equal(retryPause({ code: "unavailable", retry_after_ms: -5 }), 0);
+  assert.deepEqual([0, 1, 2, 6, 7, 1e6].map((n) => retryPause({ code: "unavailable" }, n)),
+                   [500, 1000, 2000, 30_000, 30_000, 30_000]);
+});
+
+const unavailable = (id, retryAfterMs, extra = {}) => ({
+  type: "error", code: "unavailable", id, retry_after_ms: retryAfterMs,
+  message: `store unavailable: failover; frame not processed, send it again (same id) after ${retryAfterMs} ms`, ...extra,
+});
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+test("unavailable: a command goes again with the same id after retry_after_ms, then its ack resolves it", TIMEOUT, async (t) => {
+  const { client, connect, ackOpen, ackSubscribe } = setup(t);
+  client.subscribe(CID, {});
+  const ws = await connect();
+  ackOpen(ws);
+  ackSubscribe(ws);
+  const acked = client.send(CID, "hello", { id: "m1" });
+  ws.receive(unavailable("m1", 150, { conversation_id: CID }));
+  await sleep(50);
+  assert.equal(ws.sent.filter((f) => f.id === "m1").length, 1);  // not before its pause
+  await until(() => ws.sent.filter((f) => f.id === "m1").length === 2, "the message, again");
+  assert.deepEqual(ws.sent.filter((f) => f.id === "m1")[1], { type: "user_message", id: "m1", conversation_id: CID, text: "hello" });
+  ws.receive({ type: "ack", id: "m1", status: "accepted", conversation_id: CID });
+  assert.deepEqual(await acked, { id: "m1", status: "accepted", resent: true });
+});
+
+test("unavailable: a creating open and a subscribe go again with their ids; the stream re-subscribes", TIMEOUT, async (t) => {
+  const { client, connect, ackSubscribe } = setup(t);
+  const created = client.open({ agent: "demo" });
+  const ws = await connect();
+  const open = ws.last("open");
+  ws.receive(unavailable(open.id, 20));
+  await until(() => ws.sent.filter((f) => f.id === open.id).length === 2, "the open, again");
+  ws.receive({ type: "ack", id: open.id, status: "accepted", conversation_id: CID, last_seq: 0 });
+  assert.deepEqual(await created, { conversationId: CID, lastSeq: 0 });
+
+  client.subscribe(CID, {});
+  const subscribe = ws.last("subscribe");
+  ws.receive(unavailable(subscribe.id, 20, { conversation_id: CID }));
+  await until(() => ws.sent.filter((f) => f.id === subscribe.id).length === 2, "the subscribe, again");
+  ackSubscribe(ws);
+  ws.receive(event(1));
+  ws.receive({ type: "error", code: "unavailable", message: "store unavailable: failover", conversation_id: CID, last_seq: 1 });
+  assert.equal(ws.last("subscribe").after_seq, 1);
+  assert.notEqual(ws.last("subscribe").id, subscribe.id);
 });
