@@ -265,6 +265,29 @@ class Conversation:
             runner.exception()  # retrieved: a turn cut this way has nothing left to report
         return published
 
+    def halt(self) -> None:
+        """Stop at once (the synchronous part of `abandon`): nothing more is kept or checkpointed,
+        and the turn is cancelled — before anything it awaits can tell it of the outage."""
+        self.on_checkpoint = None
+        self.events.halt()
+        self._cancel_turn = False  # a user's cancel under way must not let the runner go on
+        if self._runner is not None and not self._runner.done():
+            self._runner.cancel()
+
+    async def abandon(self) -> None:
+        """Leave the host without a checkpoint: the store is unavailable (docs/design.md#store-outage).
+        The log stops keeping anything (the append under way is let finish), the turn is cancelled as
+        a shutdown cancels it, and nothing is saved: the next activation recovers from the store,
+        as after a host crash (docs/design.md#recovery)."""
+        self.halt()
+        await self.events.abandon()
+        runner = self._runner
+        while runner is not None and not runner.done():
+            runner.cancel()
+            await asyncio.wait({runner})
+        if runner is not None and not runner.cancelled():
+            runner.exception()  # retrieved: a turn cut this way has nothing left to report
+
     def checkpoint(self) -> Awaitable[None] | None:
         """A consistent point (turn start, round end, tools observed, turn end): the host saves it.
         Returns what to await for the save to be durable (None when nothing saves)."""

@@ -108,6 +108,7 @@ def local_backend(settings: Settings, setup: AgentSetup) -> Backend:
     )
     return LocalBackend(
         store, runtime, setup.profiles, default_agent=setup.profile.name, idle_ttl_s=settings.idle_ttl_s,
+        store_outage_s=settings.store_outage_s,
     )
 
 
@@ -120,6 +121,7 @@ def ray_config(settings: Settings, setup: AgentSetup) -> RayConfig:
         profiles=setup.profiles,  # each one in the generation (docs/design.md#generations)
         scripts={SERVE_SCRIPT_NAME: str(setup.script_path)} if setup.script_path else {},
         idle_ttl_s=settings.idle_ttl_s,
+        store_outage_s=settings.store_outage_s,
         quotas=quota_limits(settings),
         otlp_endpoint=otlp_endpoint(settings),
         hosts=settings.hosts,

@@ -83,6 +83,9 @@ class Settings(BaseSettings):
     bad_frames_before_close: int = Field(default=10, gt=0)
     drain_grace_s: float = Field(default=25.0, gt=0)
     idle_ttl_s: float = Field(default=600.0, gt=0)
+    # How long a conversation waits for a store that went away before it is deactivated; it
+    # recovers from the store at its next activation (docs/design.md#store-outage).
+    store_outage_s: float = Field(default=120.0, gt=0)
     # permessage-deflate: ~64 KiB of memory per connection instead of ~14 KiB (measured); off by default
     compression: bool = False
     # OpenTelemetry (docs/design.md#tracing): a collector's OTLP/HTTP base URL, e.g.

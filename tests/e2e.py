@@ -197,7 +197,7 @@ async def local_server(
         profile = _playing(profile, script_data or weather_then_answer())
     if policies:
         profile = profile.model_copy(update={"policies": profile.policies.model_copy(update=dict(policies))})
-    config = Settings(host="127.0.0.1", port=0, backend="local", store=store_url(store_path), **settings)
+    config = Settings(**{"host": "127.0.0.1", "port": 0, "backend": "local", "store": store_url(store_path), **settings})
     served = tuple(_playing(other, data) for other, data in others)
     backend = local_backend(config, AgentSetup(profile, registry, None, served))
     assert isinstance(backend, LocalBackend)
@@ -224,12 +224,12 @@ class RayHosting:
 @contextlib.contextmanager
 def ray_hosting(
     root: Path, scripts: Mapping[str, Mapping[str, Any]], unscripted: Mapping[str, AgentProfile] | None = None,
-    profiles: Mapping[str, AgentProfile] | None = None,
+    profiles: Mapping[str, AgentProfile] | None = None, store: str | None = None,
 ) -> Iterator[RayHosting]:
     """`ray.init` (2 CPUs, no dashboard) until the block ends, with one agent per script: the demo
     profile (or the one `profiles` gives) named after the script's key, playing it (the first is the
     default agent); and each of `unscripted` as it is, calling its own models (a misconfigured one:
-    never a real provider)."""
+    never a real provider). `store`: another store than the SQLite file under `root`."""
     import ray
 
     from actors.ray.config import RayConfig
@@ -246,7 +246,7 @@ def ray_hosting(
         base = (profiles or {}).get(agent) or demo_profile(known_tools=registry)
         served[agent] = base.model_copy(update={"name": agent}).with_script(name)
     served.update(unscripted or {})
-    config = RayConfig(store_url=store_url(root / "ray.sqlite3"), registry=registry, profiles=served,
+    config = RayConfig(store_url=store or store_url(root / "ray.sqlite3"), registry=registry, profiles=served,
                        scripts=files, hosts=2)
     ray.init(num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
     try:

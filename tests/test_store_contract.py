@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 import psycopg
 import pytest
 
+from actors.eventlog import EVENTLOG_STATS, EventLog, EventLogStopped
 from actors.identity import Owner
 from actors.store import (
     IDEMPOTENCY_TTL_S,
@@ -22,6 +24,8 @@ from actors.store import (
     Tombstoned,
     store_from_url,
 )
+from actors.store.base import StoreHealth, StoreUnavailable
+from actors.store.outage import postgres_detail, postgres_outage, sqlite_outage
 from actors.store.postgres import PostgresStore
 from actors.store.sqlite import SqliteStore
 from protocol.events import Event, ThinkingDelta, ToolResult
@@ -768,6 +772,274 @@ async def test_writes_to_a_closed_store_raise_store_closed(make_store: StoreFact
         await s.append_events("c", evs("c", 1, 1))
     with pytest.raises(StoreClosed):
         await s.read_events("c", 0)
+
+
+# -- store outages: a pause, not a death (docs/design.md#store-outage) ---------------------------------
+
+
+def _sqlite_error(run: Callable[[sqlite3.Connection, sqlite3.Connection], object], path: Path) -> sqlite3.Error:
+    """The error sqlite3 itself raises when `run` meets it, on a WAL database at `path`."""
+    first = sqlite3.connect(path, isolation_level=None, timeout=0)
+    second = sqlite3.connect(path, isolation_level=None, timeout=0)
+    first.execute("PRAGMA journal_mode = WAL")
+    first.execute("CREATE TABLE IF NOT EXISTS t (x BLOB PRIMARY KEY)")
+    try:
+        run(first, second)
+    except sqlite3.Error as exc:
+        return exc
+    finally:
+        first.close()
+        second.close()
+    raise AssertionError("no error")
+
+
+def _full(first: sqlite3.Connection, _: sqlite3.Connection) -> None:
+    pages = first.execute("PRAGMA page_count").fetchone()[0]
+    first.execute(f"PRAGMA max_page_count = {pages}")  # the file may not grow: as a full disk
+    first.execute("INSERT INTO t VALUES (?)", (b"x" * 100_000,))
+
+
+def _locked(first: sqlite3.Connection, second: sqlite3.Connection) -> None:
+    first.execute("BEGIN IMMEDIATE")                  # holds the write lock past the other's timeout
+    second.execute("BEGIN IMMEDIATE")
+
+
+def _duplicate(first: sqlite3.Connection, _: sqlite3.Connection) -> None:
+    first.execute("INSERT INTO t VALUES (x'01')")
+    first.execute("INSERT INTO t VALUES (x'01')")
+
+
+def _no_table(first: sqlite3.Connection, _: sqlite3.Connection) -> None:
+    first.execute("SELECT * FROM missing")
+
+
+def test_sqlite_errors_that_are_outages_and_those_that_are_not(tmp_path: Path) -> None:
+    path = tmp_path / "x.db"
+    assert sqlite_outage(_sqlite_error(_full, path)) == "disk full"           # SQLITE_FULL
+    assert sqlite_outage(_sqlite_error(_locked, path)) == "database locked"   # SQLITE_BUSY past the timeout
+    assert sqlite_outage(_sqlite_error(_duplicate, path)) is None            # a constraint: a bug, not an outage
+    assert sqlite_outage(_sqlite_error(_no_table, path)) is None
+    io_error = sqlite3.OperationalError("disk I/O error")
+    assert sqlite_outage(io_error) == "disk I/O error"                        # by its words, without a code
+    io_error.sqlite_errorcode = 10 | 3 << 8                                   # SQLITE_IOERR_WRITE
+    assert sqlite_outage(io_error) == "disk I/O error"
+    closed = sqlite3.connect(":memory:")
+    closed.close()
+    with pytest.raises(sqlite3.ProgrammingError) as raised:
+        closed.execute("SELECT 1")
+    assert sqlite_outage(raised.value) is None                                # our own misuse: a bug
+    assert sqlite_outage(OSError("no space")) is None
+
+
+def test_postgres_errors_that_are_outages_and_those_that_are_not() -> None:
+    errors = psycopg.errors
+    assert postgres_outage(errors.AdminShutdown("terminating connection")) == "server shutting down"
+    assert postgres_outage(errors.CannotConnectNow("starting up")) == "server starting up"
+    assert postgres_outage(errors.ReadOnlySqlTransaction("read-only")) == "read-only server (failover)"
+    assert postgres_outage(errors.ConnectionFailure("x")) == "connection lost"
+    assert postgres_outage(errors.DiskFull("x")) == "server disk full"
+    assert postgres_outage(psycopg.OperationalError("connection refused")) == "cannot reach the server"
+    assert postgres_outage(psycopg.InterfaceError("the connection is closed")) == "connection lost"
+    assert postgres_outage(errors.SerializationFailure("x")) is None           # a conflict, not an outage
+    assert postgres_outage(errors.QueryCanceled("x")) is None
+    assert postgres_outage(errors.UniqueViolation("x")) is None
+    assert postgres_outage(errors.UniqueViolation("x"), broken=True) == "connection lost"
+    # What a log line says of it: never the client's message, which may name the host and the user.
+    assert postgres_detail(psycopg.OperationalError('connection to server at "db" failed, user "app"')) == "OperationalError"
+
+
+async def test_a_store_reports_its_health_and_counters(store: Store) -> None:
+    assert store.health() == StoreHealth(True)
+    counted = store.counters()
+    assert {"commits", "outages", "unavailable", "retried_batches", "recognised_commits", "logs_given_up"} <= set(counted)
+    assert all(isinstance(value, float) for value in counted.values())
+
+
+async def test_an_append_retried_after_it_had_committed_is_recognised(store: Store) -> None:
+    # The store committed, and the answer was lost (the connection died in between): the log's retry
+    # meets SeqConflict, reads the store back, finds its own batch, and writes nothing twice.
+    lost = [True]
+
+    async def persist(batch: Sequence[Event], outputs: Sequence[RoundOutput]) -> None:
+        await store.append_events("c", batch, outputs)
+        if lost.pop() if lost else False:
+            raise StoreUnavailable("connection lost")
+
+    log = EventLog("c", flush_interval_ms=0, persist=persist,
+                   read_back=lambda after, limit: store.read_events("c", after, limit))
+    published: list[Event] = []
+    log.subscribe(published.extend)
+    log.emit(ThinkingDelta(turn_id="t1", round=1, text="é€😀"))
+    log.attach(output())
+    log.emit(ToolResult(turn_id="t1", call_id="t1.1.0", tool_id="demo.x", ok=True, duration_ms=3,
+                        result={"temp_c": 12.5, "nested": [1, None, "x"]}))
+    await log.flush()
+    log.emit(ThinkingDelta(turn_id="t1", round=2, text="next"))
+    await log.flush()
+    stored = await store.read_events("c", 0)
+    assert [e.seq for e in stored] == [1, 2, 3] and stored == published
+    assert await store.round_outputs("c") == [output()]
+    await log.close()
+
+
+async def test_a_retry_that_meets_another_writers_append_fails(make_durable_store: StoreFactory) -> None:
+    s, other = make_durable_store(), make_durable_store()
+    await s.open()
+    await other.open()
+    try:
+        down = asyncio.Event()
+
+        async def persist(batch: Sequence[Event], outputs: Sequence[RoundOutput]) -> None:
+            if not down.is_set():
+                down.set()
+                raise StoreUnavailable("connection lost")
+            await s.append_events("c", batch, outputs)
+
+        log = EventLog("c", flush_interval_ms=0, persist=persist,
+                       read_back=lambda after, limit: s.read_events("c", after, limit))
+        log.emit(ThinkingDelta(turn_id="t1", round=1, text="mine"))
+        await down.wait()
+        await other.append_events("c", evs("c", 1, 1))   # a stale activation elsewhere took seq 1
+        with pytest.raises(EventLogStopped) as stopped:
+            await log.flush()
+        assert isinstance(stopped.value.__cause__, SeqConflict)
+        assert await s.read_events("c", 0) == evs("c", 1, 1)
+    finally:
+        await s.close()
+        await other.close()
+
+
+async def _on_writer(store: SqliteStore, statement: str) -> None:
+    assert store._writer is not None
+    writer = store._writer
+    await store._on_writer(lambda: writer.execute(statement))
+
+
+async def test_sqlite_full_disk_is_an_outage_and_the_next_write_goes_through(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    s = SqliteStore(tmp_path / "store.db")
+    await s.open()
+    try:
+        await s.append_events("c", evs("c", 1, 1))
+        pages = (await s._read(lambda conn: conn.execute("PRAGMA page_count").fetchone()))[0]
+        await _on_writer(s, f"PRAGMA max_page_count = {pages}")   # the file may not grow: a full disk
+        big = [Event.of("c", seq, ThinkingDelta(turn_id="t1", round=1, text="x" * 50_000), 1.0) for seq in (2, 3)]
+        with caplog.at_level(logging.INFO, logger="reactgate.store"), pytest.raises(StoreUnavailable) as raised:
+            await s.append_events("c", big)
+        assert raised.value.cause == "disk full" and isinstance(raised.value.__cause__, sqlite3.OperationalError)
+        health = s.health()
+        assert (health.ok, health.cause) == (False, "disk full") and health.since is not None
+        assert await s.read_events("c", 0) == evs("c", 1, 1)      # reads go on; nothing of it was written
+        assert not s.health().ok                                 # a read does not end a write outage
+        with caplog.at_level(logging.INFO, logger="reactgate.store"):
+            await s.append_events("c", big)                      # a new write connection: the file may grow again
+        assert [e.seq for e in await s.read_events("c", 0)] == [1, 2, 3]
+        assert s.health() == StoreHealth(True)
+        assert (s.stats.outages, s.stats.reconnects) == (1, 1)
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1 and warnings[0].startswith("the disk is full: database or disk is full")
+        assert warnings[0].endswith("the conversation waits until space is freed")
+        assert [r.getMessage() for r in caplog.records if r.levelno == logging.INFO][-1].startswith("store available again")
+    finally:
+        await s.close()
+
+
+async def test_sqlite_lock_held_too_long_is_an_outage_and_health_recovers_by_itself(tmp_path: Path) -> None:
+    s = SqliteStore(tmp_path / "store.db", busy_timeout_ms=50)
+    await s.open()
+    holder = sqlite3.connect(tmp_path / "store.db", isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")                        # another process holds the write lock
+        with pytest.raises(StoreUnavailable) as raised:
+            await s.append_events("c", evs("c", 1, 1))
+        assert raised.value.cause == "database locked" and not s.health().ok
+        holder.execute("ROLLBACK")
+        async with asyncio.timeout(10):                          # no other call: the store looks by itself
+            while not s.health().ok:
+                await asyncio.sleep(0.05)
+        await s.append_events("c", evs("c", 1, 1))
+        assert await s.last_seq("c") == 1
+    finally:
+        holder.close()
+        await s.close()
+
+
+@pytest.fixture
+async def pg_store(postgres_dsn: str) -> AsyncIterator[PostgresStore]:
+    schema = f"test_outage_{uuid.uuid4().hex[:12]}"
+    s = PostgresStore(postgres_dsn, schema=schema)
+    await s.open()
+    yield s
+    await s.close()
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def _terminate(dsn: str, pids: set[int]) -> None:
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        for pid in pids:
+            assert admin.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone() == (True,)
+
+
+@pytest.mark.postgres
+async def test_postgres_writer_killed_is_an_outage_and_the_next_write_reconnects(
+    pg_store: PostgresStore, postgres_dsn: str,
+) -> None:
+    await pg_store.append_events("c", evs("c", 1, 1))
+    assert pg_store._writer is not None
+    await asyncio.to_thread(_terminate, postgres_dsn, {pg_store._writer.info.backend_pid})
+    with pytest.raises(StoreUnavailable) as raised:
+        await pg_store.append_events("c", evs("c", 2, 2))
+    assert raised.value.cause in ("server shutting down", "connection lost", "cannot reach the server")
+    assert postgres_dsn not in str(raised.value)
+    assert not pg_store.health().ok and pg_store.health().cause == raised.value.cause
+    await pg_store.append_events("c", evs("c", 2, 2))            # a new connection
+    assert await pg_store.read_events("c", 0) == evs("c", 1, 2)
+    assert pg_store.health() == StoreHealth(True)
+    assert pg_store.stats.outages == 1 and pg_store.stats.reconnects >= 1
+
+
+@pytest.mark.postgres
+async def test_postgres_readers_killed_are_an_outage_and_the_next_read_reconnects(
+    pg_store: PostgresStore, postgres_dsn: str,
+) -> None:
+    await pg_store.append_events("c", evs("c", 1, 3))
+    await asyncio.gather(*(pg_store.read_events("c", 0) for _ in range(4)))   # every reader connected
+    pids = {conn.info.backend_pid for conn in pg_store._reader_conns}
+    await asyncio.to_thread(_terminate, postgres_dsn, pids)
+    failures = 0
+    for _ in range(len(pids)):                                  # each killed reader fails once, then reconnects
+        try:
+            await pg_store.read_events("c", 0)
+        except StoreUnavailable:
+            failures += 1
+    assert failures >= 1
+    assert await pg_store.read_events("c", 0) == evs("c", 1, 3)
+    assert await pg_store.last_seq("c") == 3
+    assert pg_store.health() == StoreHealth(True)
+
+
+@pytest.mark.postgres
+async def test_postgres_a_log_goes_on_after_its_stores_writer_was_killed(
+    pg_store: PostgresStore, postgres_dsn: str,
+) -> None:
+    # The append the kill refused is tried again by the log on a new connection, and commits: seqs
+    # stay contiguous, and every event is published once.
+    log = EventLog("c", flush_interval_ms=0,
+                   persist=lambda batch, outputs: pg_store.append_events("c", batch, outputs),
+                   read_back=lambda after, limit: pg_store.read_events("c", after, limit))
+    published: list[Event] = []
+    log.subscribe(published.extend)
+    log.emit(ThinkingDelta(turn_id="t1", round=1, text="a"))
+    await log.flush()
+    assert pg_store._writer is not None
+    await asyncio.to_thread(_terminate, postgres_dsn, {pg_store._writer.info.backend_pid})
+    log.emit(ThinkingDelta(turn_id="t1", round=1, text="b"))
+    log.emit(ThinkingDelta(turn_id="t1", round=1, text="c"))
+    await log.flush()
+    assert [e.seq for e in await pg_store.read_events("c", 0)] == [1, 2, 3] == [e.seq for e in published]
+    assert EVENTLOG_STATS.retried_batches >= 1
 
 
 # -- URLs ---------------------------------------------------------------------------------------

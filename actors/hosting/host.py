@@ -16,7 +16,13 @@ guarantees, per conversation:
 - the conversation list (docs/design.md#conversation-list): each accepted message, steer or answer
   and each end of the last queued turn is noted in the store — running or not, when, the title;
 - its agent (docs/design.md#several-agents): a conversation runs the profile of the agent it was
-  created with; one whose agent is not served here is `AgentNotServed`, never activated.
+  created with; one whose agent is not served here is `AgentNotServed`, never activated;
+- store outages (docs/design.md#store-outage): a command to a conversation whose log waits for the
+  store is refused with `StoreUnavailable` (retryable), as is one the store refuses, and one whose
+  checkpoint the outage holds up; a command whose key the outage left uncertain is recognised when
+  sent again, neither lost nor applied twice. A conversation whose log gave up (`store_outage_s`)
+  is deactivated without a checkpoint and re-activated from the store once it answers, if it had
+  work in flight or watchers — the recovery of a host crash (docs/design.md#recovery).
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from typing import Any
 import msgspec
 
 from actors.conversation import Conversation, ConversationState, Runtime
-from actors.eventlog import EventLog
+from actors.eventlog import EventLog, EventLogStopped
 from actors.hosting.backend import (
     AgentNotServed,
     Answer,
@@ -50,6 +56,8 @@ from actors.profile import AgentProfile
 from actors.quotas import QuotaExceeded, QuotaLimits
 from actors.recovery import recover
 from actors.store import IDEMPOTENCY_TTL_S, Store, Tombstoned
+from actors.store.base import StoreUnavailable
+from actors.store.outage import BATCH, DEFAULT_STORE_OUTAGE_S, RETRY_STATS, REVIVE, Backoff, retry_unavailable
 from protocol.events import ConversationDeleted, Event
 from protocol.frames import title_of
 from protocol.timeline import UserMessageBlock
@@ -59,6 +67,8 @@ log = logging.getLogger("reactgate.host")
 Listener = Callable[[Sequence[Event]], None]
 KEY_PRUNE_INTERVAL_S = 3600.0
 MAX_DELETED_REMEMBERED = 10_000
+MAX_UNSETTLED_REMEMBERED = 10_000
+SETTLE_POLL_S = 0.05    # how often a command waiting for its checkpoint looks whether an outage holds it
 
 
 class UnknownConversation(Forbidden):
@@ -78,6 +88,31 @@ class _Active:
     admission: asyncio.Lock = field(default_factory=asyncio.Lock)  # one turn-starting command at a time
     listed_running: bool = False                   # what the list row says of it, as last noted here
     titled: bool = False                           # its title was noted by this activation
+    save_outage: Backoff | None = None             # a checkpoint's save waits for the store
+
+    def stalled(self) -> StoreUnavailable | None:
+        """What holds this conversation's durability up now, as a command refused meanwhile is told:
+        its log, or a checkpoint's save, waiting for the store (docs/design.md#store-outage)."""
+        refused = self.conversation.events.unavailable()
+        if refused is None and self.save_outage is not None:
+            refused = self.save_outage.unavailable()
+        return refused
+
+
+_NOT_UNSETTLED: Any = object()
+
+
+def _holds_message(state: ConversationState, message_id: str) -> bool:
+    """The state holds this user message: queued, running, or in the timeline."""
+    return (any(m.message_id == message_id for m in state.queue)
+            or (state.current is not None and state.current.message_id == message_id)
+            or any(isinstance(b, UserMessageBlock) and b.message_id == message_id for b in state.timeline))
+
+
+def _consume(future: asyncio.Future[Any]) -> None:
+    # A checkpoint nobody awaits that failed: its failure is logged where it happened.
+    if not future.cancelled():
+        future.exception()
 
 
 def first_message(state: ConversationState) -> str | None:
@@ -105,8 +140,10 @@ class HostCore:
         claim: Callable[[str], Awaitable[None]] | None = None,
         release: Callable[[str], Awaitable[None]] | None = None,
         quotas: QuotaLimits | None = None,
+        store_outage_s: float = DEFAULT_STORE_OUTAGE_S,
     ) -> None:
         self.store = store
+        self.store_outage_s = store_outage_s   # how long a conversation waits for its store (docs/design.md#store-outage)
         self.meter = Meter(store, quotas or QuotaLimits(), clock)
         self._claim = claim        # single activation across hosts: the Directory must grant it
         self._release = release
@@ -121,6 +158,12 @@ class HostCore:
         self._metering: set[asyncio.Task[Any]] = set()   # token charges and slot releases under way
         self._deleting: set[str] = set()          # being deleted here: nothing activates them
         self._deleted: dict[str, Event] = {}      # deleted here: their last event, for a late listener
+        # Idempotency keys an outage left uncertain: remembered (maybe) but the command not acked.
+        # The value: the activation that applied it, or None when it was not applied.
+        self._unsettled: dict[tuple[str, str], _Active | None] = {}
+        self._background: set[asyncio.Task[Any]] = set()   # deactivations and revivals after an outage
+        self._closing = False
+        self._closed = asyncio.Event()            # ends a revival's wait at once
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
@@ -129,10 +172,14 @@ class HostCore:
             self._reaper = asyncio.get_running_loop().create_task(self._reap_idle())
 
     async def close(self) -> None:
+        self._closing = True
+        self._closed.set()                   # revivals stop; a deactivation under way ends its turn first
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
+        if self._background:
+            await asyncio.wait(self._background)
         for cid in list(self._active):
             await self.passivate(cid, force=True)
         if self._metering:  # charges already made must reach the store before it closes
@@ -145,27 +192,90 @@ class HostCore:
     # -- the mailbox --------------------------------------------------------------------------------
 
     async def command(self, conversation_id: str, command: Command) -> str:
+        """Apply a command; "accepted" once a checkpoint holding it is durable, "duplicate" for a
+        repeat. During a store outage (docs/design.md#store-outage) raises StoreUnavailable, the
+        command not applied — or applied, when only its checkpoint waits: sent again, it is then
+        acked once that checkpoint is durable, never applied twice."""
         active = await self._ensure_active(conversation_id)
+        refused = active.stalled()
+        if refused is not None:  # its log waits for the store: nothing could be made durable now
+            raise refused
         active.last_activity = self.clock()
         conv = active.conversation
         idempotent = isinstance(command, UserMessage | Steer | Answer)
+        key = (conversation_id, command.id)
         try:
-            if idempotent and not await self.store.remember_key(conversation_id, command.id, self.clock()):
+            if (isinstance(command, UserMessage | Steer | Answer)
+                    and not await self.store.remember_key(conversation_id, command.id, self.clock())
+                    and not await self._sent_again(active, command)):
                 return "duplicate"
         except Tombstoned:
             raise UnknownConversation(conversation_id) from None  # deleted meanwhile
-        async with active.admission:
-            if isinstance(command, UserMessage) or (isinstance(command, Steer) and not conv.turn_running):
-                try:
-                    await self._admit_turn(active)
-                except QuotaExceeded:
-                    await self.store.forget_key(conversation_id, command.id)  # refused: sending it again is no repeat
-                    raise
-            self._apply(conv, command)
+        except StoreUnavailable:
+            if idempotent:
+                self._unsettle(key, self._unsettled.get(key))  # the key may have been remembered
+            raise
+        try:
+            async with active.admission:
+                if isinstance(command, UserMessage) or (isinstance(command, Steer) and not conv.turn_running):
+                    try:
+                        await self._admit_turn(active)
+                    except QuotaExceeded:
+                        await self.store.forget_key(conversation_id, command.id)  # refused: sending it again is no repeat
+                        raise
+                self._apply(conv, command)
+        except StoreUnavailable:
+            if idempotent:
+                self._unsettle(key, None)  # remembered, not applied: sent again, it is applied then
+            raise
         if idempotent:
+            self._unsettle(key, active)  # applied here; settled once its checkpoint is durable
             self._note(active, running=conv.busy, at=self.clock())
-        await self._save_now(active)  # the accepted command survives a crash of this host
+        await self._settle(active)  # the accepted command survives a crash of this host
+        if idempotent:
+            self._unsettled.pop(key, None)
         return "accepted"
+
+    async def _sent_again(self, active: _Active, command: UserMessage | Steer | Answer) -> bool:
+        """The store knew the key. A repeat ("duplicate", False) — unless an outage left that key
+        uncertain: then whether to apply it now (True), or, when it was applied, to ack it once its
+        checkpoint is durable (False)."""
+        key = (active.conversation.conversation_id, command.id)
+        applied_in = self._unsettled.get(key, _NOT_UNSETTLED)
+        if applied_in is _NOT_UNSETTLED:
+            return False
+        held = applied_in is active or (isinstance(command, UserMessage)
+                                        and _holds_message(active.conversation.state, command.id))
+        if not held:
+            return True  # remembered, never applied (or applied by an activation the outage ended)
+        await self._settle(active)
+        self._unsettled.pop(key, None)
+        return False
+
+    def _unsettle(self, key: tuple[str, str], applied_in: _Active | None) -> None:
+        if key not in self._unsettled and len(self._unsettled) >= MAX_UNSETTLED_REMEMBERED:
+            self._unsettled.pop(next(iter(self._unsettled)))
+        self._unsettled[key] = applied_in
+
+    async def _settle(self, active: _Active) -> None:
+        """Wait until a checkpoint of the state as it is now is durable. Raises StoreUnavailable,
+        rather than waiting, once an outage holds it up: the caller's frame is answered `unavailable`
+        at once, while the checkpoint still waits (docs/design.md#store-outage)."""
+        saved = asyncio.ensure_future(self._save_now(active))
+        saved.add_done_callback(_consume)
+        while True:
+            done, _ = await asyncio.wait({saved}, timeout=SETTLE_POLL_S)
+            if done:
+                try:
+                    return saved.result()
+                except EventLogStopped as exc:
+                    cause = exc.__cause__
+                    if isinstance(cause, StoreUnavailable):  # the log gave up: the store is unavailable
+                        raise StoreUnavailable(cause.cause, cause.retry_after_ms) from exc
+                    raise
+            refused = active.stalled()
+            if refused is not None:
+                raise refused
 
     @staticmethod
     def _apply(conv: Conversation, command: Command) -> None:
@@ -206,7 +316,9 @@ class HostCore:
             self._note(active, running=False, at=self.clock())
         if active.turn_slot:
             active.turn_slot = False
-            active.releasing = self._meter_soon(self.meter.release_slot(active.owner, active.conversation.conversation_id))
+            owner, cid = active.owner, active.conversation.conversation_id
+            # Given back once however often asked: tried again through an outage, or the slot would stay taken.
+            active.releasing = self._meter_soon(self._retrying(lambda: self.meter.release_slot(owner, cid)))
 
     def _note(self, active: _Active, *, running: bool, at: float | None) -> None:
         """The conversation's list row (docs/design.md#conversation-list): whether it runs, the time of
@@ -216,13 +328,18 @@ class HostCore:
             title = title_of(text)
             active.titled = True
         active.listed_running = running
-        self._meter_soon(self.store.note_activity(active.conversation.conversation_id, running=running, at=at,
-                                                  title=title), "noting the conversation's activity")
+        cid = active.conversation.conversation_id
+        # A note is idempotent: tried again through an outage, so the list is right once it ends.
+        self._meter_soon(self._retrying(lambda: self.store.note_activity(cid, running=running, at=at, title=title)),
+                         "noting the conversation's activity")
 
     def _meter_soon(self, work: Awaitable[Any], what: str = "quota bookkeeping") -> asyncio.Task[Any]:
         async def run() -> Any:
             try:
                 return await work
+            except StoreUnavailable as exc:  # lost to an outage (docs/design.md#store-outage): no traceback
+                log.warning("%s failed: %s", what, exc)
+                return None
             except Exception:  # a lost charge, release or note is logged, never a failed turn
                 log.exception("%s failed", what)
                 return None
@@ -231,6 +348,11 @@ class HostCore:
         self._metering.add(task)
         task.add_done_callback(self._metering.discard)
         return task
+
+    async def _retrying(self, call: Callable[[], Awaitable[Any]]) -> Any:
+        """`call()` again through a store outage (a write safe to repeat), for at most store_outage_s,
+        and not once this host closes."""
+        return await retry_unavailable(call, ceiling_s=self.store_outage_s, stop=lambda: self._closing)
 
     def listen(self, conversation_id: str, listener: Listener) -> Callable[[], None]:
         """Durable event batches of a conversation, as they are published. Returns an unsubscribe.
@@ -334,12 +456,15 @@ class HostCore:
             flush_interval_ms=profile.policies.flush_interval_ms,
             persist=lambda batch, outputs: self.store.append_events(conversation_id, batch, outputs),
             clock=self.clock,
+            store_outage_s=self.store_outage_s,
+            read_back=lambda after, limit: self.store.read_events(conversation_id, after, limit),
         )
         if state.tools:  # the executor's part of the snapshot (counters, workspace)
             self.runtime.tools.import_conversation(conversation_id, state.tools)
         conv = Conversation(state, profile, self.runtime, events)
         active = _Active(conv, self.clock(), owner)
         events.subscribe(lambda batch: self._publish(conversation_id, batch))
+        events.on_give_up = lambda exc: self._deactivate(active, exc)
         conv.on_checkpoint = lambda: self._checkpoint(active)
         conv.on_idle = lambda: self._turns_done(active)
         conv.on_usage = lambda tokens: self._charge_tokens(owner, tokens)
@@ -380,19 +505,41 @@ class HostCore:
         active.pending_snapshot = (conv.events.last_seq, conv.snapshot())
         if active.saving is None or active.saving.done():
             active.saving = asyncio.get_running_loop().create_task(self._save_pending(active))
-        return asyncio.shield(active.saving)
+        saved = asyncio.shield(active.saving)
+        saved.add_done_callback(_consume)  # a turn may not await it; who awaits it still gets its failure
+        return saved
 
     async def _save_pending(self, active: _Active) -> None:
+        """Save the pending checkpoints once the log made their seq durable — through a store outage
+        too, for at most store_outage_s (then the conversation is deactivated, as when its log gives
+        up). A log that stopped saves nothing: a snapshot never runs ahead of the log."""
         conv = active.conversation
-        while active.pending_snapshot is not None:
-            seq, data = active.pending_snapshot
-            active.pending_snapshot = None
-            with contextlib.suppress(RuntimeError):
-                await conv.events.flush()  # the snapshot never runs ahead of the durable log
-            try:
-                await self.store.save_snapshot(conv.conversation_id, seq, data)
-            except Tombstoned:
-                return  # a save that lost the race with a delete: nothing of it is kept, as intended
+        try:
+            while active.pending_snapshot is not None:
+                seq, data = active.pending_snapshot
+                active.pending_snapshot = None
+                await conv.events.flush()  # the snapshot never runs ahead of the durable log (EventLogStopped)
+                try:
+                    await self.store.save_snapshot(conv.conversation_id, seq, data)
+                    active.save_outage = None
+                except Tombstoned:
+                    return  # a save that lost the race with a delete: nothing of it is kept, as intended
+                except StoreUnavailable as exc:
+                    # Saved again after a wait (the checkpoint taken last, if another came meanwhile);
+                    # the wait counts from the first failure, whichever checkpoints came since.
+                    now = time.monotonic()
+                    backoff = active.save_outage = active.save_outage or Backoff(BATCH, now, self.store_outage_s)
+                    delay = backoff.failed(now, exc.cause)
+                    if delay is None or self._closing:
+                        self._deactivate(active, exc)
+                        raise
+                    RETRY_STATS.other_retries += 1
+                    if active.pending_snapshot is None:
+                        active.pending_snapshot = (seq, data)
+                    await asyncio.sleep(delay)
+        finally:
+            if active.pending_snapshot is None:
+                active.save_outage = None
 
     async def _save_now(self, active: _Active) -> None:
         await self._checkpoint(active)
@@ -451,21 +598,96 @@ class HostCore:
     # -- passivation --------------------------------------------------------------------------------
 
     async def passivate(self, conversation_id: str, *, force: bool = False) -> bool:
-        """Snapshot and drop an idle conversation; the next frame re-activates it, on any host."""
+        """Snapshot and drop an idle conversation; the next frame re-activates it, on any host.
+        During a store outage an idle one stays (False: it cannot be checkpointed now); a forced one
+        (the host closes) leaves without a checkpoint, to recover from the store
+        (docs/design.md#store-outage)."""
         active = self._active.get(conversation_id)
         if active is None:
             return False
         conv = active.conversation
-        if conv.busy and not force:
-            return False
-        self._active.pop(conversation_id, None)
-        if not conv.busy:
-            await self._save_now(active)
-        await conv.close()
+        if not force:
+            if conv.busy or active.stalled() is not None:
+                return False
+            try:
+                await self._settle(active)   # before it leaves: a failed save keeps it here
+                durable = True
+            except StoreUnavailable:
+                return False
+            except EventLogStopped:          # its log failed for good: nothing to checkpoint
+                durable = False
+            if (durable and conv.busy) or self._active.get(conversation_id) is not active:
+                return False  # a command made it busy meanwhile, or the outage deactivated it
+            self._active.pop(conversation_id, None)
+            await (conv.close() if durable else conv.abandon())
+        else:
+            self._active.pop(conversation_id, None)
+            durable = active.stalled() is None
+            if durable and not conv.busy:
+                try:
+                    await self._settle(active)
+                except (StoreUnavailable, EventLogStopped):
+                    durable = False
+            if durable:
+                await conv.close()
+            else:
+                await conv.abandon()
         self.runtime.tools.forget(conversation_id)
         if self._release is not None:
             await self._release(conversation_id)
         return True
+
+    # -- store outages (docs/design.md#store-outage) ------------------------------------------------
+
+    def _deactivate(self, active: _Active, exc: StoreUnavailable) -> None:
+        """The store stayed unavailable past store_outage_s for this conversation (its log gave up, or
+        a checkpoint could not be saved): it leaves this host without a checkpoint — the store may
+        still be down — its turn cancelled. If it had work in flight or watchers, it is activated
+        again here as soon as the store answers, and recovers as after a host crash
+        (docs/design.md#recovery); else its next frame activates it, on any host."""
+        conv = active.conversation
+        cid = conv.conversation_id
+        if self._active.get(cid) is not active:
+            return
+        del self._active[cid]
+        active.pending_snapshot = None
+        revive = conv.busy or bool(self._listeners.get(cid))
+        conv.halt()  # now: the turn must not go on (nor end in error) on what it is told next
+        log.warning("conversation %s deactivated: the store stayed unavailable for %g s (%s)%s", cid,
+                    self.store_outage_s, exc.cause, "; it is activated again once the store answers" if revive else "")
+        task = asyncio.get_running_loop().create_task(self._drop(active, revive=revive))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _drop(self, active: _Active, *, revive: bool) -> None:
+        cid = active.conversation.conversation_id
+        try:
+            await active.conversation.abandon()
+            self.runtime.tools.forget(cid)
+            if not revive:
+                if self._release is not None:
+                    await self._release(cid)
+                return
+            backoff = Backoff(REVIVE, time.monotonic())
+            health = getattr(self.store, "health", None)
+            while not self._closing and cid not in self._active and cid not in self._deleting and cid not in self._deleted:
+                # Not before the store says it is back: a full disk still reads, and a turn resumed
+                # then would call its model again only to wait, and be dropped, again.
+                if callable(health) and not health().ok:
+                    delay = backoff.failed(time.monotonic(), str(health().cause))
+                else:
+                    try:
+                        await self._ensure_active(cid)
+                        log.info("conversation %s activated again after the store outage", cid)
+                        return
+                    except StoreUnavailable as exc:
+                        delay = backoff.failed(time.monotonic(), exc.cause)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._closed.wait(), delay or REVIVE.max_s)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # e.g. another host holds it now (WrongHost): that one recovers it
+            log.warning("conversation %s: not activated again here after the store outage", cid, exc_info=True)
 
     async def _reap_idle(self) -> None:
         interval = max(0.05, min(self.idle_ttl_s / 4, 30.0))
@@ -484,7 +706,8 @@ class HostCore:
                 except Exception:
                     log.exception("pruning quota counters failed")
             for cid, active in list(self._active.items()):
-                if now - active.last_activity >= self.idle_ttl_s and not active.conversation.busy:
+                if (now - active.last_activity >= self.idle_ttl_s and not active.conversation.busy
+                        and active.stalled() is None):  # an outage: checkpointed once it is over
                     try:
                         await self.passivate(cid)
                     except Exception:
@@ -498,4 +721,16 @@ class HostCore:
         return {"state": msgspec.to_builtins(conv.state), "last_seq": conv.events.last_seq, "busy": conv.busy}
 
     def describe(self) -> dict[str, Any]:
-        return {"active": len(self._active), "listeners": sum(len(v) for v in self._listeners.values())}
+        """For operators and the gateway's metrics: what is hosted here, and the store as this host
+        sees it (docs/design.md#store-outage): its health, its counters, and how many conversations
+        wait for it now."""
+        found: dict[str, Any] = {"active": len(self._active), "listeners": sum(len(v) for v in self._listeners.values()),
+                                 "waiting_for_store": sum(1 for a in self._active.values() if a.stalled() is not None)}
+        health = getattr(self.store, "health", None)
+        if callable(health):
+            h = health()
+            found["store"] = {"ok": h.ok, "since": h.since, "cause": h.cause}
+        counters = getattr(self.store, "counters", None)
+        if callable(counters):
+            found["store_counters"] = counters()
+        return found

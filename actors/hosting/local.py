@@ -23,7 +23,8 @@ from actors.identity import Owner
 from actors.llm.stream import warm_up
 from actors.profile import AgentProfile
 from actors.quotas import TenantUsage
-from actors.store import Store
+from actors.store import Store, StoreHealth
+from actors.store.outage import DEFAULT_STORE_OUTAGE_S
 from protocol.events import Event
 from protocol.frames import AgentList, ConversationPage, Mode
 
@@ -37,6 +38,7 @@ class LocalBackend:
         *,
         default_agent: str,
         idle_ttl_s: float = 600,
+        store_outage_s: float = DEFAULT_STORE_OUTAGE_S,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.generation: str | None = None  # nothing here outlives the process
@@ -45,8 +47,16 @@ class LocalBackend:
         self.profiles = profiles
         self.default_agent = default_agent
         self.clock = clock
-        self.host = HostCore(store, runtime, profiles, idle_ttl_s=idle_ttl_s, clock=clock, quotas=runtime.quotas)
+        self.host = HostCore(store, runtime, profiles, idle_ttl_s=idle_ttl_s, clock=clock, quotas=runtime.quotas,
+                             store_outage_s=store_outage_s)
         self.owners = Owners(store, self.host.meter)
+
+    def store_health(self) -> StoreHealth:
+        """The store as this process sees it, for /readyz and /metrics (docs/design.md#store-outage)."""
+        return self.store.health()
+
+    def store_counters(self) -> dict[str, float]:
+        return self.store.counters()
 
     async def start(self) -> None:
         await self.store.open()

@@ -45,7 +45,7 @@ from actors.ray.names import DIRECTORY_NAME, NAMESPACE, placement, tool_pool
 from actors.ray.outbox import Relocated
 from actors.ray.singletons import get_or_create
 from actors.ray.tool_pool import ToolPoolActor
-from actors.store import Store, store_from_url
+from actors.store import Store, StoreHealth, store_from_url
 from protocol.events import Event
 from protocol.frames import AgentList, ConversationPage, Mode
 
@@ -181,6 +181,14 @@ class RayBackend:
         await self.store.close()
         if self._started_ray:
             ray.shutdown()
+
+    def store_health(self) -> StoreHealth:
+        """The store as this gateway's process sees it (the hosts see their own), for /readyz and
+        /metrics (docs/design.md#store-outage)."""
+        return self.store.health()
+
+    def store_counters(self) -> dict[str, float]:
+        return self.store.counters()
 
     # -- Backend ---------------------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ class RayConfig:
     profiles: Mapping[str, AgentProfile]
     scripts: Mapping[str, str] = field(default_factory=dict)  # name → file, played as scripted/<name>
     idle_ttl_s: float = 600.0
+    store_outage_s: float = 120.0       # docs/design.md#store-outage
     quotas: QuotaLimits = field(default_factory=QuotaLimits)  # what the hosts enforce (docs/design.md#quotas)
     tool_max_concurrency_per_conversation: int = 4
     tool_max_concurrency_global: int = 64
@@ -56,7 +57,7 @@ class RayConfig:
     # the config is built (the gateway), and pickled with it: every host reads the gateway's value.
     @cached_property
     def sections(self) -> dict[str, str]:
-        runtime = (self.idle_ttl_s, sorted(self.quotas.values.items()),
+        runtime = (self.idle_ttl_s, self.store_outage_s, sorted(self.quotas.values.items()),
                    self.tool_max_concurrency_per_conversation, self.tool_max_concurrency_global, self.otlp_endpoint)
         return generations.sections(self.store_url, self.registry, self.profiles, self.scripts, runtime)
 

@@ -112,6 +112,7 @@ class ConversationHost:
                 core = HostCore(
                     store, runtime, self.config.profiles, idle_ttl_s=self.config.idle_ttl_s,
                     claim=self._claim, release=self._release, quotas=self.config.quotas,
+                    store_outage_s=self.config.store_outage_s,
                 )
                 core.start()
                 self._core = core

@@ -23,7 +23,9 @@ from actors.store.base import (
     Store,
     StoreClosed,
     StoreError,
+    StoreHealth,
     StoreStats,
+    StoreUnavailable,
     Tombstoned,
 )
 
@@ -35,7 +37,9 @@ __all__ = [
     "Store",
     "StoreClosed",
     "StoreError",
+    "StoreHealth",
     "StoreStats",
+    "StoreUnavailable",
     "Tombstoned",
     "open_store",
     "store_from_url",

@@ -180,11 +180,35 @@ class StoreStats:
     appends: int = 0            # append_events calls committed
     events: int = 0             # events appended
     largest_batch: int = 0      # most write operations in one commit
+    # store outages (docs/design.md#store-outage; actors/store/outage.py)
+    unavailable: int = 0        # failures raised as StoreUnavailable (a failed group commit counts once)
+    outages: int = 0            # outages begun (one WARNING each)
+    unavailable_seconds: float = 0.0  # how long the outages that ended lasted, summed
+    reconnects: int = 0         # connections made again after an outage broke or spoiled one
+
+
+@dataclass(frozen=True, slots=True)
+class StoreHealth:
+    """The store as its own calls last found it (`Store.health()`, docs/design.md#store-outage): `ok`,
+    or since when (unix time) and why not. The cause is a few words fit for a client ("disk full",
+    "connection lost"), never a DSN, a password or a path. While it is not ok the store looks by
+    itself whether it is back (it probes), so this turns ok again without other traffic."""
+
+    ok: bool
+    since: float | None = None
+    cause: str | None = None
 
 
 @runtime_checkable
 class Store(Protocol):
-    """The async durable store. Bound to the event loop that opened it."""
+    """The async durable store. Bound to the event loop that opened it.
+
+    Any call may raise StoreUnavailable: the store cannot take it now (a lost connection, a failover,
+    a full disk, a lock held too long) and may later; the next call reconnects
+    (docs/design.md#store-outage). A write that raised it may still have committed (its answer was
+    lost), so a caller that repeats it must expect that: `remember_key` then answers False, a charge
+    is made twice, and an append meets SeqConflict, which the event log recognises as its own
+    (actors/eventlog.py)."""
 
     stats: StoreStats
 
@@ -194,6 +218,15 @@ class Store(Protocol):
 
     async def close(self) -> None:
         """Commit what is queued, then disconnect."""
+        ...
+
+    def health(self) -> StoreHealth:
+        """Whether the store is in an outage now, since when and why (docs/design.md#store-outage)."""
+        ...
+
+    def counters(self) -> dict[str, float]:
+        """The store's totals since it was made, for a metrics collector: its `StoreStats` and the
+        retries of this process (`actors.store.outage.RETRY_STATS`), e.g. {"retried_batches": 3}."""
         ...
 
     async def create_conversation(

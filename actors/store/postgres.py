@@ -18,18 +18,32 @@ can, and the delete then removes what it wrote; a write that waited on the delet
 tombstone after the delete committed, and is refused. Either way nothing survives a delete.
 
 Durability follows the server's `synchronous_commit` (on by default: a commit is flushed).
+
+Outages (docs/design.md#store-outage). A lost connection, a server shutting down or restarting, a
+failover's read-only server, a server out of disk or connections are a pause, not a failure: they
+are raised as `StoreUnavailable` (`postgres_outage` says which errors; the cause names what
+happened, never the DSN), a batch that meets one fails whole, and the connection that saw it is
+made again at its next use, reads' and writes' alike. A commit whose answer was lost with the
+connection is such an outage too: its outcome is unknown, and the event log recognises an append
+that had in fact committed (actors/eventlog.py). Connections use TCP keepalives and a TCP user
+timeout unless the DSN sets them, so a server that vanished without a word is noticed in seconds,
+not at the kernel's retransmission limit. While an outage lasts, `health()` says so and the store
+looks by itself whether it is back (`Prober`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+import psycopg.conninfo
 
 from actors.identity import Owner
 from actors.quotas import QuotaCharge, QuotaCounter
@@ -44,7 +58,9 @@ from actors.store.base import (
     SeqConflict,
     StoreClosed,
     StoreError,
+    StoreHealth,
     StoreStats,
+    StoreUnavailable,
     Tombstoned,
     check_append,
     decode_event,
@@ -55,6 +71,7 @@ from actors.store.base import (
     snapshot_keys,
     snapshot_owner,
 )
+from actors.store.outage import HealthTracker, Prober, counters, postgres_detail, postgres_outage
 from actors.store.schema import POSTGRES_SQL as SQL
 from protocol.events import Event
 from protocol.frames import Cursor
@@ -102,8 +119,15 @@ WriteOp = _Append | _Delete | Callable[[Conn], Awaitable[Any]]
 
 # Serializes schema creation of processes starting together (CREATE ... IF NOT EXISTS can race).
 _SCHEMA_LOCK = 0x72656163  # "reac"
+IDLE_CHECK_S = 5.0          # a connection idle longer is checked before use (`_alive`)
 
 _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+# libpq's liveness settings, unless the DSN sets its own: a dead peer is noticed within about 25 s
+# of silence, and data left unacknowledged for 30 s fails the call (an outage), instead of a call
+# hanging for the kernel's ~15 minutes of retransmissions.
+_LIVENESS = {"keepalives": "1", "keepalives_idle": "10", "keepalives_interval": "5", "keepalives_count": "3",
+             "tcp_user_timeout": "30000"}
 
 
 class PostgresStore:
@@ -133,7 +157,19 @@ class PostgresStore:
         self._writer: Conn | None = None
         self._idle: asyncio.Queue[Conn | None] | None = None
         self._reader_conns: set[Conn] = set()
+        # Outages seen so far; a pooled read connection made before the last one is made again before
+        # its next use — the server it talked to may be gone though the socket does not know it yet.
+        self._outages = 0
+        self._made_at: dict[int, int] = {}   # id(read connection) → self._outages when it was made
+        self._used_at: dict[int, float] = {}  # id(read connection) → when it was last handed out
         self._open = False
+        self._health = HealthTracker(self.stats)
+        self._prober = Prober(self._health, self._probe)
+        try:
+            given = psycopg.conninfo.conninfo_to_dict(dsn)
+        except psycopg.Error:
+            given = {}   # connecting says what is wrong with it
+        self._liveness = {key: value for key, value in _LIVENESS.items() if key not in given}
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -164,6 +200,7 @@ class PostgresStore:
     async def close(self) -> None:
         if not self._open:
             return
+        await self._prober.stop()
         await self._group.stop()
         self._open = False
         if self._writer is not None:
@@ -173,6 +210,14 @@ class PostgresStore:
         for conn in self._reader_conns:
             await conn.close()
         self._reader_conns.clear()
+        self._made_at.clear()
+        self._used_at.clear()
+
+    def health(self) -> StoreHealth:
+        return self._health.health()
+
+    def counters(self) -> dict[str, float]:
+        return counters(self.stats)
 
     async def __aenter__(self) -> PostgresStore:
         await self.open()
@@ -182,7 +227,8 @@ class PostgresStore:
         await self.close()
 
     async def _connect(self) -> Conn:
-        kwargs: dict[str, Any] = {"autocommit": True, "connect_timeout": max(1, round(self._connect_timeout_s))}
+        kwargs: dict[str, Any] = {"autocommit": True, "connect_timeout": max(1, round(self._connect_timeout_s)),
+                                  **self._liveness}
         if self.schema is not None:
             kwargs["options"] = f"-c search_path={self.schema}"
         return await psycopg.AsyncConnection.connect(self.dsn, **kwargs)
@@ -194,30 +240,118 @@ class PostgresStore:
         idle = self._idle
         conn = await idle.get()
         try:
-            if conn is None or conn.closed or conn.broken:
-                if conn is not None:
+            try:
+                if conn is not None and not await self._alive(conn):
+                    self._made_at.pop(id(conn), None)   # dead while idle: made again below, no outage yet
+                if conn is None or conn.closed or conn.broken or self._made_at.get(id(conn)) != self._outages:
+                    if conn is not None:
+                        self._reader_conns.discard(conn)
+                        self._made_at.pop(id(conn), None)
+                        self._used_at.pop(id(conn), None)
+                        self.stats.reconnects += 1
+                        with contextlib.suppress(Exception):
+                            await conn.close()
+                    conn = None
+                    conn = await self._connect()
+                    self._reader_conns.add(conn)
+                    self._made_at[id(conn)] = self._outages
+                self._used_at[id(conn)] = time.monotonic()
+                yield conn
+            except (psycopg.Error, OSError) as exc:
+                unavailable = self._unavailable(exc, write=False, broken=conn is not None and (conn.broken or conn.closed))
+                if unavailable is None:
+                    raise
+                if conn is not None:  # e.g. a read-only replica after a failover: the slot connects again
                     self._reader_conns.discard(conn)
-                conn = None
-                conn = await self._connect()
-                self._reader_conns.add(conn)
-            yield conn
+                    self._made_at.pop(id(conn), None)
+                    with contextlib.suppress(Exception):
+                        await conn.close()
+                raise unavailable from exc
+            self._health.succeeded(write=False)
         finally:
             # A connection that broke is dropped; the slot reconnects on its next use.
             idle.put_nowait(None if conn is None or conn.closed or conn.broken else conn)
+
+    async def _alive(self, conn: Conn) -> bool:
+        """A connection idle for over IDLE_CHECK_S is asked first: a server that went away and came
+        back (a restart this process never saw) left it dead, and the call must not pay for it."""
+        if time.monotonic() - self._used_at.get(id(conn), 0.0) < IDLE_CHECK_S:
+            return True
+        try:
+            await conn.execute("SELECT 1")
+            return True
+        except (psycopg.Error, OSError):
+            self._reader_conns.discard(conn)
+            with contextlib.suppress(Exception):
+                await conn.close()
+            return False
+
+    async def _write(self, op: WriteOp, *, kind: str = "write", events: int = 0) -> Any:
+        """`op` through the group commit; an outage an op met on its own is raised as one, too."""
+        try:
+            return await self._group.submit(op, kind=kind, events=events)
+        except (psycopg.Error, OSError) as exc:
+            unavailable = self._unavailable(exc, write=True)
+            if unavailable is None:
+                raise
+            raise unavailable from exc
+
+    # -- outages (docs/design.md#store-outage) -------------------------------------------------
+
+    def _unavailable(self, exc: BaseException, *, write: bool, broken: bool = False) -> StoreUnavailable | None:
+        """StoreUnavailable (caused by `exc`) when `exc` is an outage, noted; None when it is not."""
+        cause = postgres_outage(exc, broken=broken)
+        if cause is None:
+            return None
+        unavailable = StoreUnavailable(cause)
+        unavailable.__cause__ = exc
+        self._outages += 1   # every pooled read connection is made again before its next use
+        if self._health.failed(unavailable, write=write, detail=postgres_detail(exc)):
+            self._prober.start()
+        return unavailable
+
+    async def _probe(self) -> None:
+        """The write connection made again, and the server takes writes (not a standby)."""
+        await self._write(_probe_writable)
+
+    async def _drop_writer(self) -> None:
+        """The write connection saw an outage: the next batch connects again (a failover may have
+        moved the primary; a broken connection cannot be used anyway)."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            self.stats.reconnects += 1
+            with contextlib.suppress(Exception):
+                await writer.close()
 
     # -- group commit -----------------------------------------------------------------------
 
     async def _commit_batch(self, ops: list[WriteOp]) -> list[Outcome]:
         if not self._open and self._writer is None:
             raise StoreClosed("store is not open")
+        try:
+            outcomes = await self._commit_batch_on_writer(ops)
+        except (psycopg.Error, OSError) as exc:
+            writer = self._writer
+            unavailable = self._unavailable(exc, write=True, broken=writer is not None and (writer.broken or writer.closed))
+            if unavailable is None:
+                raise
+            await self._drop_writer()
+            raise unavailable from exc
+        self._health.succeeded(write=True)
+        return outcomes
+
+    async def _commit_batch_on_writer(self, ops: list[WriteOp]) -> list[Outcome]:
+        if self._writer is not None and not await self._alive(self._writer):
+            self._writer = None   # dead while idle (a restart this process never saw): nothing was sent on it
         if self._writer is None or self._writer.closed or self._writer.broken:
             self._writer = await self._connect()
         conn = self._writer
+        self._used_at[id(conn)] = time.monotonic()
         try:
             return await self._run_transaction(conn, ops)
         except psycopg.Error as exc:
-            if conn.broken or conn.closed:
-                raise
+            if conn.broken or conn.closed or postgres_outage(exc) is not None:
+                raise  # the whole batch meets it (no op is at fault): an outage
             failure: BaseException = exc
         # An op aborted the transaction (nothing of the batch committed): commit each op on its own
         # so that only the faulty one fails. This includes a batch of one: the typical abort is a
@@ -268,7 +402,7 @@ class PostgresStore:
             if row is None or tuple(row) != (owner.tenant, owner.sub, agent):
                 raise ConversationExists(conversation_id)
 
-        await self._group.submit(op)
+        await self._write(op)
 
     async def conversation_owner(self, conversation_id: str) -> tuple[Owner, str] | None:
         async with self._reader() as conn:
@@ -286,7 +420,7 @@ class PostgresStore:
         async def op(conn: Conn) -> None:
             await conn.execute(SQL.note_activity, args)
 
-        await self._group.submit(op)
+        await self._write(op)
 
     async def list_conversations(self, owner: Owner | None, limit: int, before: Cursor | None = None) -> list[ListedConversation]:
         statement, args = SQL.list_page(owner, limit, before)
@@ -313,7 +447,7 @@ class PostgresStore:
             [e.ts for e in events],
             [output_row(conversation_id, events[-1].seq, o) for o in outputs],
         )
-        await self._group.submit(op, kind="append", events=len(events))
+        await self._write(op, kind="append", events=len(events))
 
     async def read_events(
         self, conversation_id: str, after_seq: int, limit: int = DEFAULT_READ_LIMIT
@@ -340,7 +474,7 @@ class PostgresStore:
             await _refuse_deleted(conn, snapshot_owner(conversation_id))
             await conn.execute(SQL.save_snapshot, (conversation_id, seq, payload))
 
-        await self._group.submit(op)
+        await self._write(op)
 
     async def load_snapshot(self, conversation_id: str) -> tuple[int, bytes] | None:
         async with self._reader() as conn:
@@ -356,20 +490,20 @@ class PostgresStore:
             cur = await conn.execute(SQL.remember_key, (conversation_id, key, now))
             return cur.rowcount == 1
 
-        return bool(await self._group.submit(op))
+        return bool(await self._write(op))
 
     async def prune_keys(self, older_than: float) -> int:
         async def op(conn: Conn) -> int:
             cur = await conn.execute(SQL.prune_keys, (older_than,))
             return cur.rowcount
 
-        return int(await self._group.submit(op))
+        return int(await self._write(op))
 
     async def forget_key(self, conversation_id: str, key: str) -> None:
         async def op(conn: Conn) -> None:
             await conn.execute(SQL.forget_key, (conversation_id, key))
 
-        await self._group.submit(op)
+        await self._write(op)
 
     # -- tool results -----------------------------------------------------------------------
 
@@ -381,7 +515,7 @@ class PostgresStore:
             cur = await conn.execute(SQL.record_tool_result, (conversation_id, call_id, data))
             return cur.rowcount == 1
 
-        return bool(await self._group.submit(op))
+        return bool(await self._write(op))
 
     async def tool_result(self, conversation_id: str, call_id: str) -> bytes | None:
         async with self._reader() as conn:
@@ -417,7 +551,7 @@ class PostgresStore:
                         raise QuotaRefused(index)
 
         try:
-            await self._group.submit(op)
+            await self._write(op)
         except QuotaRefused as refused:
             return refused.index
         return None
@@ -434,7 +568,7 @@ class PostgresStore:
                 await conn.execute(SQL.release_quota, (amount, amount, *counter))
             return True
 
-        return bool(await self._group.submit(op))
+        return bool(await self._write(op))
 
     async def quota_counts(self, counters: Sequence[QuotaCounter]) -> list[int]:
         found = []
@@ -456,18 +590,25 @@ class PostgresStore:
             cur = await conn.execute(SQL.prune_quota, (older_than,))
             return cur.rowcount
 
-        return int(await self._group.submit(op))
+        return int(await self._write(op))
 
     # -- deletion (docs/design.md#deletion) ----------------------------------------------------
 
     async def delete_conversation(self, conversation_id: str, request_key: str, now: float) -> bool:
-        return bool(await self._group.submit(_Delete(conversation_id, request_key, now)))
+        return bool(await self._write(_Delete(conversation_id, request_key, now)))
 
     async def tombstone(self, conversation_id: str) -> str | None:
         async with self._reader() as conn:
             cur = await conn.execute(SQL.tombstone, (conversation_id,))
             row = await cur.fetchone()
         return None if row is None else str(row[0])
+
+
+async def _probe_writable(conn: Conn) -> None:
+    cur = await conn.execute("SHOW transaction_read_only")
+    row = await cur.fetchone()
+    if row is not None and str(row[0]).lower() == "on":
+        raise psycopg.errors.ReadOnlySqlTransaction("the server is read-only")
 
 
 async def _run_part(conn: Conn, ops: list[WriteOp], part: range, outcomes: list[Outcome | None]) -> None:

@@ -12,13 +12,22 @@ appends — runs as one call on a dedicated writer thread holding the only write
 thread hop per batch, measured faster than aiosqlite's hop per statement). Reads run on a small
 pool of reader threads, each with its own connection: WAL lets them read while the writer commits.
 
+Outages (docs/design.md#store-outage). A full disk, a lock held past `busy_timeout_ms` and an I/O
+error are a pause, not a failure: they are raised as `StoreUnavailable` (`sqlite_outage` says which
+errors), a batch that meets one is rolled back whole, and the connection that saw it is made again
+at its next use (never that of `:memory:`, which is the database). While it lasts, `health()` says
+so and the store looks by itself whether it is back (`Prober`); a full disk is back once its file
+system has room again.
+
 The schema and the SQL are shared with the PostgreSQL store: actors/store/schema.py.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import os
 import sqlite3
 import threading
 from collections.abc import Callable, Sequence
@@ -38,7 +47,9 @@ from actors.store.base import (
     RoundOutput,
     SeqConflict,
     StoreClosed,
+    StoreHealth,
     StoreStats,
+    StoreUnavailable,
     Tombstoned,
     check_append,
     decode_event,
@@ -49,6 +60,7 @@ from actors.store.base import (
     snapshot_keys,
     snapshot_owner,
 )
+from actors.store.outage import DISK_FULL, HealthTracker, Prober, counters, sqlite_outage
 from actors.store.schema import SQLITE_SQL as SQL
 from protocol.events import Event
 from protocol.frames import Cursor
@@ -57,6 +69,7 @@ T = TypeVar("T")
 WriteOp = Callable[[sqlite3.Connection], Any]
 
 MEMORY = ":memory:"
+ROOM_NEEDED = 1 << 20   # a full disk is back once its file system has this much room (bytes)
 
 
 class SqliteStore:
@@ -86,6 +99,9 @@ class SqliteStore:
         self._reader_conns: list[sqlite3.Connection] = []
         self._reader_local = threading.local()
         self._reader_lock = threading.Lock()
+        self._writer_stale = False    # an outage spoiled the write connection: made again at next use
+        self._health = HealthTracker(self.stats)
+        self._prober = Prober(self._health, self._probe)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -105,6 +121,7 @@ class SqliteStore:
     async def close(self) -> None:
         if self._writer is None:
             return
+        await self._prober.stop()
         await self._group.stop()
         writer, self._writer = self._writer, None
         await self._on_writer(writer.close)
@@ -118,6 +135,12 @@ class SqliteStore:
             self._reader_conns.clear()
         self._reader_local = threading.local()
         self._writer_pool = self._reader_pool = None
+
+    def health(self) -> StoreHealth:
+        return self._health.health()
+
+    def counters(self) -> dict[str, float]:
+        return counters(self.stats)
 
     async def __aenter__(self) -> SqliteStore:
         await self.open()
@@ -160,6 +183,22 @@ class SqliteStore:
                 self._reader_conns.append(conn)
         return conn
 
+    def _read_sync(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        conn = self._reader()
+        try:
+            return fn(conn)
+        except sqlite3.Error as exc:
+            if self.path != MEMORY and sqlite_outage(exc) is not None:
+                # This thread's connection saw an outage: the next read here makes a new one.
+                self._reader_local.conn = None
+                with self._reader_lock:
+                    if conn in self._reader_conns:
+                        self._reader_conns.remove(conn)
+                with contextlib.suppress(sqlite3.Error):
+                    conn.close()
+                self.stats.reconnects += 1
+            raise
+
     async def _on_writer(self, fn: Callable[[], T]) -> T:
         assert self._writer_pool is not None
         return await asyncio.get_running_loop().run_in_executor(self._writer_pool, fn)
@@ -167,23 +206,84 @@ class SqliteStore:
     async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         if self._reader_pool is None:
             raise StoreClosed("store is not open")
-        return await asyncio.get_running_loop().run_in_executor(
-            self._reader_pool, lambda: fn(self._reader())
-        )
+        try:
+            value = await asyncio.get_running_loop().run_in_executor(
+                self._reader_pool, functools.partial(self._read_sync, fn)
+            )
+        except sqlite3.Error as exc:
+            unavailable = self._unavailable(exc, write=False)
+            if unavailable is None:
+                raise
+            raise unavailable from exc
+        self._health.succeeded(write=False)
+        return value
+
+    async def _write(self, op: WriteOp, *, kind: str = "write", events: int = 0) -> Any:
+        """`op` through the group commit; an outage an op met on its own is raised as one, too."""
+        try:
+            return await self._group.submit(op, kind=kind, events=events)
+        except sqlite3.Error as exc:
+            unavailable = self._unavailable(exc, write=True)
+            if unavailable is None:
+                raise
+            raise unavailable from exc
+
+    # -- outages (docs/design.md#store-outage) -------------------------------------------------
+
+    def _unavailable(self, exc: sqlite3.Error, *, write: bool) -> StoreUnavailable | None:
+        """StoreUnavailable (caused by `exc`) when `exc` is an outage — noted, and the write
+        connection made again at its next use; None when it is not."""
+        cause = sqlite_outage(exc)
+        if cause is None:
+            return None
+        unavailable = StoreUnavailable(cause)
+        unavailable.__cause__ = exc
+        detail = f"{exc} ({self.path})" if cause == DISK_FULL else f"{exc}"
+        if self._health.failed(unavailable, write=write, detail=detail):
+            self._prober.start()
+        if write and self.path != MEMORY:
+            self._writer_stale = True
+        return unavailable
+
+    async def _probe(self) -> None:
+        """A write when writes failed (an empty transaction: it takes the write lock), else a read."""
+        if self._health.write_outage:
+            await self._write(functools.partial(_probe_write, self.path, self._health.health().cause == DISK_FULL))
+        else:
+            await self._read(lambda conn: conn.execute("SELECT 1").fetchone())
 
     # -- group commit -----------------------------------------------------------------------
 
     async def _commit_batch(self, ops: list[WriteOp]) -> list[Outcome]:
-        return await self._on_writer(functools.partial(self._commit_batch_sync, ops))
+        try:
+            outcomes = await self._on_writer(functools.partial(self._commit_batch_sync, ops))
+        except sqlite3.Error as exc:
+            unavailable = self._unavailable(exc, write=True)
+            if unavailable is None:
+                raise
+            raise unavailable from exc
+        self._health.succeeded(write=True)
+        return outcomes
+
+    def _write_connection(self) -> sqlite3.Connection:
+        conn = self._writer
+        if conn is None:
+            raise StoreClosed("store is not open")
+        if self._writer_stale:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+            self._writer = conn = self._connect_writer()  # raises while the outage lasts: stale still
+            self._writer_stale = False
+            self.stats.reconnects += 1
+        return conn
 
     def _commit_batch_sync(self, ops: list[WriteOp]) -> list[Outcome]:
         """One transaction for the batch. Ops run bare first (two statements fewer per op than a
         savepoint each); if one fails, the transaction is rolled back and the batch runs again with
         a savepoint per op, so one op that fails leaves no trace and fails only its caller. Nothing
-        is committed before either run finished, and callers learn outcomes only after the commit."""
-        conn = self._writer
-        if conn is None:
-            raise StoreClosed("store is not open")
+        is committed before either run finished, and callers learn outcomes only after the commit.
+        An op that meets an outage (a full disk, ...) fails the whole batch: so would all the others."""
+        conn = self._write_connection()
         conn.execute("BEGIN IMMEDIATE")
         try:
             values: list[Any] = []
@@ -196,6 +296,8 @@ class SqliteStore:
                     break
             if failure is None:
                 outcomes = [Outcome(value=value) for value in values]
+            elif isinstance(failure, sqlite3.Error) and sqlite_outage(failure) is not None:
+                raise failure
             else:
                 conn.execute("ROLLBACK")
                 if len(ops) == 1:
@@ -206,7 +308,8 @@ class SqliteStore:
             self.stats.commits += 1
         except BaseException:
             if conn.in_transaction:
-                conn.execute("ROLLBACK")
+                with contextlib.suppress(sqlite3.Error):  # the error that got here is the one to tell
+                    conn.execute("ROLLBACK")
             raise
         return outcomes
 
@@ -227,7 +330,7 @@ class SqliteStore:
     async def create_conversation(
         self, conversation_id: str, owner: Owner, agent: str, created_at: float
     ) -> None:
-        await self._group.submit(
+        await self._write(
             functools.partial(_create_conversation, conversation_id, owner, agent, created_at)
         )
 
@@ -243,7 +346,7 @@ class SqliteStore:
     async def note_activity(self, conversation_id: str, *, running: bool, at: float | None = None,
                             title: str = "") -> None:
         when = at if at is not None else float("-inf")
-        await self._group.submit(functools.partial(_note_activity, (int(running), when, when, title, conversation_id)))
+        await self._write(functools.partial(_note_activity, (int(running), when, when, title, conversation_id)))
 
     async def list_conversations(self, owner: Owner | None, limit: int, before: Cursor | None = None) -> list[ListedConversation]:
         statement, args = SQL.list_page(owner, limit, before)
@@ -263,7 +366,7 @@ class SqliteStore:
         check_append(conversation_id, events)
         rows = [(conversation_id, e.seq, e.event, encode_event_data(e), e.ts) for e in events]
         output_rows = [output_row(conversation_id, events[-1].seq, o) for o in outputs]
-        await self._group.submit(
+        await self._write(
             functools.partial(_append, conversation_id, rows, output_rows), kind="append", events=len(rows)
         )
 
@@ -284,7 +387,7 @@ class SqliteStore:
     # -- snapshots --------------------------------------------------------------------------
 
     async def save_snapshot(self, conversation_id: str, seq: int, data: bytes) -> None:
-        await self._group.submit(functools.partial(_save_snapshot, conversation_id, seq, bytes(data)))
+        await self._write(functools.partial(_save_snapshot, conversation_id, seq, bytes(data)))
 
     async def load_snapshot(self, conversation_id: str) -> tuple[int, bytes] | None:
         def read(conn: sqlite3.Connection) -> tuple[int, bytes] | None:
@@ -296,19 +399,19 @@ class SqliteStore:
     # -- idempotency keys -------------------------------------------------------------------
 
     async def remember_key(self, conversation_id: str, key: str, now: float) -> bool:
-        return bool(await self._group.submit(functools.partial(_remember_key, conversation_id, key, now)))
+        return bool(await self._write(functools.partial(_remember_key, conversation_id, key, now)))
 
     async def prune_keys(self, older_than: float) -> int:
-        return int(await self._group.submit(functools.partial(_prune_keys, older_than)))
+        return int(await self._write(functools.partial(_prune_keys, older_than)))
 
     async def forget_key(self, conversation_id: str, key: str) -> None:
-        await self._group.submit(functools.partial(_forget_key, conversation_id, key))
+        await self._write(functools.partial(_forget_key, conversation_id, key))
 
     # -- tool results -----------------------------------------------------------------------
 
     async def record_tool_result(self, conversation_id: str, call_id: str, payload: bytes) -> bool:
         return bool(
-            await self._group.submit(
+            await self._write(
                 functools.partial(_record_tool_result, conversation_id, call_id, bytes(payload))
             )
         )
@@ -333,13 +436,13 @@ class SqliteStore:
 
     async def charge_quota(self, charges: Sequence[QuotaCharge]) -> int | None:
         try:
-            await self._group.submit(functools.partial(_charge_quota, list(charges)))
+            await self._write(functools.partial(_charge_quota, list(charges)))
         except QuotaRefused as refused:
             return refused.index
         return None
 
     async def release_quota(self, holder: QuotaCounter | None, releases: Sequence[QuotaCharge]) -> bool:
-        return bool(await self._group.submit(functools.partial(_release_quota, holder, list(releases))))
+        return bool(await self._write(functools.partial(_release_quota, holder, list(releases))))
 
     async def quota_counts(self, counters: Sequence[QuotaCounter]) -> list[int]:
         def read(conn: sqlite3.Connection) -> list[int]:
@@ -355,12 +458,12 @@ class SqliteStore:
         return await self._read(read)
 
     async def prune_quota(self, older_than: int) -> int:
-        return int(await self._group.submit(functools.partial(_prune_quota, older_than)))
+        return int(await self._write(functools.partial(_prune_quota, older_than)))
 
     # -- deletion (docs/design.md#deletion) ----------------------------------------------------
 
     async def delete_conversation(self, conversation_id: str, request_key: str, now: float) -> bool:
-        return bool(await self._group.submit(functools.partial(_delete, conversation_id, request_key, now)))
+        return bool(await self._write(functools.partial(_delete, conversation_id, request_key, now)))
 
     async def tombstone(self, conversation_id: str) -> str | None:
         def read(conn: sqlite3.Connection) -> str | None:
@@ -371,6 +474,16 @@ class SqliteStore:
 
 
 # -- write ops: run on the writer thread, inside the batch transaction ----------------------------
+
+
+def _probe_write(path: str, disk_full: bool, conn: sqlite3.Connection) -> None:
+    """Whether writes may go again: the batch's transaction took the write lock; a full disk must
+    also have room again (an empty transaction needs none)."""
+    if disk_full and path != MEMORY:
+        stat = os.statvfs(Path(path).resolve().parent)
+        if stat.f_bavail * stat.f_frsize < ROOM_NEEDED:
+            raise sqlite3.OperationalError("database or disk is full")
+
 # One writer holds the file's write lock for the whole batch, so a tombstone read inside an op holds
 # until its commit: a write checked here cannot land after a delete (docs/design.md#deletion).
 
