@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from protocol.events import Event
+from protocol.events import ConversationDeleted, Event
 
 GATEWAY_TIMEOUT_S = 60.0     # a gateway that has not polled for this long is presumed gone
 POLL_GATHER_S = 0.005        # a gateway's polls are answered at most this often (events batch up)
@@ -63,10 +63,28 @@ class Outboxes:
 
     def watch(self, gateway_id: str, conversation_id: str, listen: Listen) -> None:
         """Deliver the conversation's published batches to this gateway's outbox; once per pair,
-        however often the gateway watches (every re-subscribe does)."""
+        however often the gateway watches (every re-subscribe does). A deleted conversation's watch
+        ends with its `conversation.deleted`: nothing is published after it, and the gateway may
+        never unwatch it (bench/soak.py found one watch left per deleted conversation)."""
         box = self._box(gateway_id)
-        if conversation_id not in box.watches:
-            box.watches[conversation_id] = listen(conversation_id, box.deliver)
+        if conversation_id in box.watches:
+            return
+        ended = False
+
+        def deliver(batch: Sequence[Event]) -> None:
+            nonlocal ended
+            box.deliver(batch)
+            if batch and isinstance(batch[-1].data, ConversationDeleted):
+                ended = True
+                unsubscribe = box.watches.pop(conversation_id, None)
+                if unsubscribe is not None:
+                    unsubscribe()
+
+        unsubscribe = listen(conversation_id, deliver)
+        if ended:  # deleted before: `listen` delivered its end at once
+            unsubscribe()
+        else:
+            box.watches[conversation_id] = unsubscribe
 
     def unwatch(self, gateway_id: str, conversation_id: str) -> None:
         box = self._boxes.get(gateway_id)

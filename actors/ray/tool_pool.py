@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
 
 import ray
@@ -25,6 +25,10 @@ from actors.store import store_from_url
 from actors.tools.pool import ToolPool
 
 log = logging.getLogger("reactgate.ray.tool_pool")
+
+# A conversation no batch named for this long (its host's idle_ttl_s, at least this) is dropped from
+# the pool's memory even without a `forget`: e.g. its host died while it was idle.
+MIN_IDLE_FORGET_S = 60.0
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=1000)  # type: ignore[call-overload]
@@ -47,6 +51,7 @@ class ToolPoolActor:
                     store, self._config.registry,
                     max_concurrency_per_conversation=self._config.tool_max_concurrency_per_conversation,
                     max_concurrency_global=self._config.tool_max_concurrency_global,
+                    idle_forget_s=max(self._config.idle_ttl_s, MIN_IDLE_FORGET_S),
                 )
         return self._pool
 
@@ -65,9 +70,19 @@ class ToolPoolActor:
     async def workspace(self, conversation_id: str) -> dict[str, Any]:
         return await (await self._ready()).workspace(conversation_id)
 
+    async def forget(self, conversation_id: str) -> None:
+        """Its host passivated or deleted the conversation (async: run on the actor's loop, in the
+        order the host sent it and its batches)."""
+        if self._pool is not None:  # not open yet: it holds nothing
+            self._pool.forget(conversation_id)
+
     def stats(self) -> dict[str, Any]:
         stats = self._pool.stats() if self._pool is not None else {"executed": {}, "joined": 0, "inflight": 0}
         return {"pid": os.getpid(), **stats}
+
+    def held(self) -> dict[str, int]:
+        """The sizes of the pool's per-conversation maps (bench/soak.py samples them)."""
+        return {"pid": os.getpid(), **(self._pool.held() if self._pool is not None else {})}
 
 
 class ToolPoolClient:
@@ -75,10 +90,13 @@ class ToolPoolClient:
 
     The pool keeps each conversation's counters and workspace durable itself (it saves them after
     every batch), so the conversation's snapshot carries none of it: `export_conversation` returns
-    nothing, and `import_conversation` and `forget` have nothing to do."""
+    nothing and `import_conversation` has nothing to do; `forget` tells the pool the conversation
+    left this host (passivated or deleted), so that the pool drops what it holds of it in memory —
+    its next batch, wherever it re-activates, loads it again from the store."""
 
     def __init__(self, pool: Any) -> None:
         self.pool = pool
+        self._forgetting: set[asyncio.Task[None]] = set()
 
     async def execute_batch(
         self, conversation_id: str, turn_id: str, calls: Sequence[ToolCall], *,
@@ -108,4 +126,24 @@ class ToolPoolClient:
         pass  # nothing to restore: the pool loads its durable copy on the next batch
 
     def forget(self, conversation_id: str) -> None:
-        pass  # the pool keeps serving the conversation wherever it re-activates
+        """Sent, not awaited (the host calls it from passivation and deletion): a pool that is down
+        loses nothing by missing it — it holds nothing once restarted, and drops idle entries itself."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop: no host running here
+        try:  # submitted now, so that it reaches the pool before any later batch of this host
+            sent = self.pool.forget.remote(conversation_id)
+        except Exception as exc:  # never fails a passivation or a delete
+            log.debug("forgetting %s at the tool pool failed: %s", conversation_id, type(exc).__name__)
+            return
+        task = loop.create_task(self._forget(conversation_id, sent))
+        self._forgetting.add(task)
+        task.add_done_callback(self._forgetting.discard)
+
+    @staticmethod
+    async def _forget(conversation_id: str, sent: Awaitable[None]) -> None:
+        try:
+            await sent
+        except Exception as exc:  # the pool died or restarted: nothing of the conversation is left there
+            log.debug("forgetting %s at the tool pool failed: %s", conversation_id, type(exc).__name__)

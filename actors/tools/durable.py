@@ -26,7 +26,7 @@ class DurableTools:
     def __init__(self, inner: ToolExecutor, store: Store) -> None:
         self.inner = inner
         self.store = store
-        self.executed: dict[str, int] = {}  # calls actually run, per conversation (not answered from the store)
+        self.executed: dict[str, int] = {}  # calls actually run, per conversation held (not answered from the store)
 
     async def execute_batch(
         self, conversation_id: str, turn_id: str, calls: Sequence[ToolCall], *,
@@ -63,4 +63,7 @@ class DurableTools:
         self.inner.import_conversation(conversation_id, state)
 
     def forget(self, conversation_id: str) -> None:
+        """A passivated or deleted conversation: its count of calls run goes too, so this map holds
+        the conversations in use, not every conversation ever served (bench/soak.py)."""
+        self.executed.pop(conversation_id, None)
         self.inner.forget(conversation_id)

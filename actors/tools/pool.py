@@ -8,14 +8,22 @@ restarted on its own, needs:
   every batch and every reset, loaded on first use), so a restarted pool resumes them — they do
   not travel in the conversation's snapshot as they do with the local backend;
 - a batch re-submitted after its host crashed joins the calls of that batch still in flight here,
-  so each call runs once, and both callers get the same observation.
+  so each call runs once, and both callers get the same observation;
+- what it holds of a conversation in memory goes when the conversation is passivated or deleted
+  (`forget`, which its host sends), or when no batch named it for `idle_forget_s` (a conversation
+  whose host died idle is never passivated by it): the pool holds the conversations in use, not
+  every conversation it ever served. Nothing durable is lost — the counter and workspace were saved
+  after the conversation's last batch or reset, and its next batch loads them again (bench/soak.py
+  measured the maps growing with every conversation served before).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from actors.catalog import Catalog, Observation, ToolCall
@@ -44,6 +52,8 @@ class ToolPool:
         max_concurrency_per_conversation: int = 4,
         max_concurrency_global: int = 64,
         clock: Clock | None = None,
+        idle_forget_s: float | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._store = store
         self._executor = LocalToolExecutor(
@@ -57,6 +67,80 @@ class ToolPool:
         self._versions: dict[str, int] = {}
         self._inflight: dict[tuple[str, str], asyncio.Future[Observation]] = {}
         self._joined = 0  # calls answered by a run already in flight, not run again
+        # Memory bounded by the conversations in use (see `forget`): batches and resets running per
+        # conversation, forgets that wait for them, and when each conversation was last used.
+        self._busy: dict[str, int] = {}
+        self._forget_when_done: set[str] = set()
+        self._last_used: dict[str, float] = {}
+        self._idle_forget_s = idle_forget_s
+        self._monotonic = monotonic
+        self._next_sweep = monotonic() + (idle_forget_s or 0.0)
+
+    # -- what it holds in memory, per conversation -------------------------------------------------
+
+    def forget(self, conversation_id: str) -> None:
+        """The conversation was passivated or deleted: drop its counter, workspace, version and
+        execution count from memory. Its counter and workspace are durable (saved after every batch
+        and reset), and its next batch, on whichever host activates it, loads them again. While a
+        batch or reset of it runs here, they go once the last one ends."""
+        if self._busy.get(conversation_id):
+            self._forget_when_done.add(conversation_id)
+        else:
+            self._drop(conversation_id)
+
+    def _drop(self, conversation_id: str) -> None:
+        self._forget_when_done.discard(conversation_id)
+        self._last_used.pop(conversation_id, None)
+        self._loading.pop(conversation_id, None)
+        self._versions.pop(conversation_id, None)
+        self._durable.forget(conversation_id)
+
+    @contextmanager
+    def _using(self, conversation_id: str) -> Iterator[None]:
+        """Marks a batch or reset of the conversation as running: nothing of it is dropped meanwhile.
+        Entered before the first await, so a `forget` that arrives after the call sees it."""
+        self._sweep()
+        self._busy[conversation_id] = self._busy.get(conversation_id, 0) + 1
+        try:
+            yield
+        finally:
+            left = self._busy[conversation_id] - 1
+            if left:
+                self._busy[conversation_id] = left
+            else:
+                del self._busy[conversation_id]
+                self._last_used[conversation_id] = self._monotonic()
+                if conversation_id in self._forget_when_done:
+                    self._drop(conversation_id)
+
+    def _sweep(self) -> None:
+        """Drop the conversations no batch named for `idle_forget_s` (none running): those whose
+        host died while they were idle, or whose `forget` was lost with a process. At most every
+        quarter of `idle_forget_s`."""
+        if self._idle_forget_s is None:
+            return
+        now = self._monotonic()
+        if now < self._next_sweep:
+            return
+        self._next_sweep = now + self._idle_forget_s / 4
+        stale = [cid for cid, used in self._last_used.items()
+                 if now - used >= self._idle_forget_s and not self._busy.get(cid)]
+        for cid in stale:
+            self._drop(cid)
+
+    def held(self) -> dict[str, int]:
+        """How many conversations each per-conversation map holds (for tests and bench/soak.py)."""
+        executor = self._executor
+        return {
+            "exploration counters": len(executor._exploration),
+            "workspaces": len(executor._workspaces),
+            "versions": len(self._versions),
+            "loads": len(self._loading),
+            "executed counts": len(self._durable.executed),
+            "last used": len(self._last_used),
+            "busy": len(self._busy),
+            "inflight calls": len(self._inflight),
+        }
 
     # -- durable counters ------------------------------------------------------------------------
 
@@ -92,6 +176,15 @@ class ToolPool:
         self, conversation_id: str, turn_id: str, calls: Sequence[ToolCall], *,
         exploration_cap: int, timeout_s: float, catalog: Catalog | None = None, caller: Caller | None = None,
     ) -> list[Observation]:
+        with self._using(conversation_id):
+            return await self._execute_batch(
+                conversation_id, turn_id, calls, exploration_cap=exploration_cap, timeout_s=timeout_s,
+                catalog=catalog, caller=caller)
+
+    async def _execute_batch(
+        self, conversation_id: str, turn_id: str, calls: Sequence[ToolCall], *,
+        exploration_cap: int, timeout_s: float, catalog: Catalog | None, caller: Caller | None,
+    ) -> list[Observation]:
         await self._load(conversation_id)
         # A batch re-submitted after a host crash joins the calls still in flight here.
         joined = {c.call_id: self._inflight[(conversation_id, c.call_id)]
@@ -124,16 +217,19 @@ class ToolPool:
                 self._inflight.pop((conversation_id, call_id), None)
 
     async def reset_exploration(self, conversation_id: str) -> None:
-        await self._load(conversation_id)
-        await self._executor.reset_exploration(conversation_id)
-        await self._save(conversation_id)
+        with self._using(conversation_id):
+            await self._load(conversation_id)
+            await self._executor.reset_exploration(conversation_id)
+            await self._save(conversation_id)
 
     async def workspace(self, conversation_id: str) -> dict[str, Any]:
         """The conversation's counter and workspace as the pool holds them (for operators and tests)."""
-        await self._load(conversation_id)
-        return self._executor.export_conversation(conversation_id)
+        with self._using(conversation_id):
+            await self._load(conversation_id)
+            return self._executor.export_conversation(conversation_id)
 
     def stats(self) -> dict[str, Any]:
-        """Calls actually executed per conversation (never those answered from the store), calls
-        that joined a run in flight, and how many calls are running now."""
+        """Calls actually executed per conversation held now (never those answered from the store;
+        a forgotten conversation's count goes with it), calls that joined a run in flight, and how
+        many calls are running now."""
         return {"executed": dict(self._durable.executed), "joined": self._joined, "inflight": len(self._inflight)}
