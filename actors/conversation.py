@@ -257,13 +257,17 @@ class Conversation:
         self.on_checkpoint = None
         self.state.queue.clear()
         self._cancel_turn = False  # a user's cancel under way must not let the runner go on
+        await self._end_runner()
+        return published
+
+    async def _end_runner(self) -> None:
+        """Cancel the turn's runner and wait until it is gone."""
         runner = self._runner
         while runner is not None and not runner.done():
             runner.cancel()
             await asyncio.wait({runner})
         if runner is not None and not runner.cancelled():
             runner.exception()  # retrieved: a turn cut this way has nothing left to report
-        return published
 
     def halt(self) -> None:
         """Stop at once (the synchronous part of `abandon`): nothing more is kept or checkpointed,
@@ -281,12 +285,7 @@ class Conversation:
         as after a host crash (docs/design.md#recovery)."""
         self.halt()
         await self.events.abandon()
-        runner = self._runner
-        while runner is not None and not runner.done():
-            runner.cancel()
-            await asyncio.wait({runner})
-        if runner is not None and not runner.cancelled():
-            runner.exception()  # retrieved: a turn cut this way has nothing left to report
+        await self._end_runner()
 
     def checkpoint(self) -> Awaitable[None] | None:
         """A consistent point (turn start, round end, tools observed, turn end): the host saves it.
