@@ -17,6 +17,7 @@ import msgspec
 from actors.catalog import Catalog, Observation, ToolCall, ToolExecutor
 from actors.identity import Caller
 from actors.store import Store
+from actors.store.outage import retry_unavailable
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder(Observation).decode
@@ -34,7 +35,9 @@ class DurableTools:
     ) -> list[Observation]:
         known: dict[str, Observation] = {}
         for call in calls:
-            data = await self.store.tool_result(conversation_id, call.call_id)
+            # A store outage is waited out (docs/design.md#store-outage): both calls are safe to repeat,
+            # a result's first write wins and a repeat finds it.
+            data = await self._result(conversation_id, call.call_id)
             if data is not None:
                 known[call.call_id] = _decode(data)
         todo = [c for c in calls if c.call_id not in known]
@@ -44,12 +47,18 @@ class DurableTools:
                 conversation_id, turn_id, todo, exploration_cap=exploration_cap, timeout_s=timeout_s, catalog=catalog, caller=caller
             )
             for obs in fresh:
-                if await self.store.record_tool_result(conversation_id, obs.call_id, _encode(obs)):
+                if await self._record(conversation_id, obs):
                     known[obs.call_id] = obs
-                else:  # another activation recorded it first: theirs is the one that counts
-                    stored = await self.store.tool_result(conversation_id, obs.call_id)
+                else:  # another activation recorded it first (or our try whose answer was lost): that one counts
+                    stored = await self._result(conversation_id, obs.call_id)
                     known[obs.call_id] = _decode(stored) if stored is not None else obs
         return [known[c.call_id] for c in calls]
+
+    async def _result(self, conversation_id: str, call_id: str) -> bytes | None:
+        return await retry_unavailable(lambda: self.store.tool_result(conversation_id, call_id))
+
+    async def _record(self, conversation_id: str, obs: Observation) -> bool:
+        return await retry_unavailable(lambda: self.store.record_tool_result(conversation_id, obs.call_id, _encode(obs)))
 
     # -- the inner executor's, unchanged ----------------------------------------------------------
 
