@@ -1028,7 +1028,7 @@ def bar_of(name: str) -> tuple[float, str]:
         return RSS_BAR_KB / 1024, "rss"
     if "fds" in name or "connections" in name or "processes" in name:
         return FD_BAR, "fd"
-    if name.endswith("gc objects"):
+    if "gc objects" in name:
         return OBJECTS_BAR, "objects"
     return MAP_BAR, "map"
 
