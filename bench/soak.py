@@ -1,4 +1,4 @@
-"""A long soak against a real `reactgate serve`, in one command (issue 22): does anything grow with the
+"""A long soak against a real `reactgate serve`, in one command: does anything grow with the
 conversations *served* rather than with the conversations *live*?
 
     .venv/bin/python bench/soak.py                          # 10 minutes, local backend, SQLite
@@ -68,7 +68,6 @@ import json
 import math
 import os
 import random
-import shutil
 import signal
 import socket
 import subprocess
@@ -86,7 +85,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
+from tests.pgkit import PG_BIN, PrivatePostgres  # noqa: E402
+
 SHARED_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
 START_TIMEOUT_S = 120.0
 TURN_TIMEOUT_S = 120.0        # a turn cut by a fault still completes well within this
@@ -369,64 +369,15 @@ def cmdline(pid: int) -> str:
 
 
 # =====================================================================================================
-# A private PostgreSQL, for the store-restart fault.
+# A private PostgreSQL, for the store-restart fault: tests/pgkit.py's (the tests that break the store use it too).
 
 
-class PrivatePostgres:
-    """initdb + pg_ctl as the `postgres` user, on its own port and data directory; stopped at the end by
-    its own postmaster pid."""
-
-    def __init__(self, root: Path) -> None:
-        self.dir = root / "pgdata"
-        self.port = free_port()
-        self.log = root / "postgres.log"
-
-    @property
-    def dsn(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
-
-    def _as_postgres(self, *cmd: str, timeout: float = 120) -> None:
-        subprocess.run(["runuser", "-u", "postgres", "--", *cmd], check=True, timeout=timeout,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, cwd="/")
-
-    def init(self) -> None:
-        if not (PG_BIN / "initdb").exists():
-            raise RuntimeError(f"--store-restart-every needs PostgreSQL's binaries in {PG_BIN}")
-        if os.geteuid() != 0:
-            raise RuntimeError("--store-restart-every runs PostgreSQL as the `postgres` user: run the bench as root")
-        self.dir.mkdir(parents=True)
-        self.log.touch()
-        shutil.chown(self.dir.parent, "postgres")
-        shutil.chown(self.dir, "postgres")
-        shutil.chown(self.log, "postgres")
-        self._as_postgres(str(PG_BIN / "initdb"), "-D", str(self.dir), "-U", "postgres", "--auth=trust",
-                          "--no-sync", "-E", "UTF8")
-        self.start()
-
-    def start(self) -> None:
-        self._as_postgres(str(PG_BIN / "pg_ctl"), "-D", str(self.dir), "-l", str(self.log), "-w", "-t", "60",
-                          "-o", f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c max_connections=200",
-                          "start")
-
-    def stop(self) -> None:
-        self._as_postgres(str(PG_BIN / "pg_ctl"), "-D", str(self.dir), "-m", "fast", "-w", "-t", "60", "stop")
-
-    def postmaster_pid(self) -> int | None:
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            return int((self.dir / "postmaster.pid").read_text().splitlines()[0])
-        return None
-
-    def shutdown(self) -> None:
-        """Stop it by its own pid (SIGINT: a fast shutdown), SIGKILL after 30 s."""
-        pid = self.postmaster_pid()
-        if pid is None or not Path(f"/proc/{pid}").exists():
-            return
-        os.kill(pid, signal.SIGINT)
-        deadline = time.monotonic() + 30
-        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if Path(f"/proc/{pid}").exists():
-            os.kill(pid, signal.SIGKILL)
+def private_postgres() -> PrivatePostgres:
+    if not (PG_BIN / "initdb").exists():
+        raise RuntimeError(f"--store-restart-every needs PostgreSQL's binaries in {PG_BIN}")
+    if os.geteuid() != 0:
+        raise RuntimeError("--store-restart-every runs PostgreSQL as the `postgres` user: run the bench as root")
+    return PrivatePostgres().init()
 
 
 def drop_schema(dsn: str, schema: str) -> None:
@@ -948,7 +899,7 @@ async def drive(args: argparse.Namespace, port: int, server: subprocess.Popen[by
         await asyncio.sleep(args.store_restart_every)
         while time.monotonic() < until - 20:
             t0 = time.time()
-            await asyncio.to_thread(pg.stop)
+            await asyncio.to_thread(pg.stop, "fast")
             await asyncio.sleep(args.store_down_s)
             await asyncio.to_thread(pg.start)
             run.faults.append((t0, f"PostgreSQL restarted (down {time.time() - t0:.1f} s)"))
@@ -1255,9 +1206,8 @@ def soak(args: argparse.Namespace, work: Path, stack: contextlib.ExitStack) -> i
         db = work / "store.sqlite3"
         store_url, store_target = f"sqlite:///{db}", str(db)
     elif args.store_restart_every > 0:
-        pg = PrivatePostgres(work)
+        pg = private_postgres()
         stack.callback(pg.shutdown)
-        pg.init()
         store_url, store_target = pg.dsn, pg.port
     else:
         schema = f"soak_{uuid.uuid4().hex[:10]}"
