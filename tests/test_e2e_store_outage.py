@@ -1,7 +1,7 @@
 """The store goes away and comes back (docs/design.md#store-outage), over a real gateway on the local
 and the Ray backend, with a private PostgreSQL (tests/pgkit.py) stopped as a crash stops it:
 
-- a 5 s outage mid-answer: every turn completes whole, each client saw every event once, seqs
+- a 5 s outage mid-answer: `/readyz` says the store is unavailable, then ready again; every turn completes whole, each client saw every event once, seqs
   contiguous, the store's replay equal to what each client saw; the next turn and a new conversation
   work;
 - a command during the outage is refused `unavailable` with `retry_after_ms`, and the same frame
@@ -34,7 +34,7 @@ from tests.e2e import (
     ray_server,
     slow_answer_script,
 )
-from tests.kit import Client
+from tests.kit import Client, http_get
 from tests.pgkit import PrivatePostgres, require_private_postgres
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -95,6 +95,18 @@ async def outage(pg: PrivatePostgres, seconds: float) -> AsyncIterator[None]:
         await asyncio.to_thread(pg.start)
 
 
+async def readyz(server: LocalServer, status: int) -> bytes:
+    """/readyz's body, once it answers `status` (the gateway looks at its store every 2 s)."""
+    async def poll() -> bytes:
+        while True:
+            got, _, body = await http_get(server.host, server.port, "/readyz")
+            if got == status:
+                return body
+            await asyncio.sleep(0.1)
+
+    return await asyncio.wait_for(poll(), TURN_TIMEOUT_S)
+
+
 async def streaming(c: Client, cids: list[str]) -> None:
     """Every conversation is mid-answer."""
     await c.until(lambda: all(any(e["event"] == "answer.delta" for e in c.events.get(cid, ())) for cid in cids)
@@ -122,7 +134,10 @@ async def test_a_short_outage_mid_answer_pauses_every_turn_and_loses_nothing(ser
             await c.say(cid)
         await streaming(c, cids)
         async with outage(store, OUTAGE_S):
-            pass
+            # the replica says why it takes no new conversations — on Ray too, where only hosts write
+            body = await readyz(server, 503)
+            assert body.startswith(b"not ready: store unavailable since "), body
+        await readyz(server, 200)
         for cid in cids:
             await whole(server, c, cid, 1)
         # the next turn, and a conversation opened after the outage

@@ -24,7 +24,7 @@ from actors.llm.stream import warm_up
 from actors.profile import AgentProfile
 from actors.quotas import TenantUsage
 from actors.store import Store, StoreHealth
-from actors.store.outage import DEFAULT_STORE_OUTAGE_S
+from actors.store.outage import DEFAULT_STORE_OUTAGE_S, checked_health
 from protocol.events import Event
 from protocol.frames import AgentList, ConversationPage, Mode
 
@@ -51,9 +51,9 @@ class LocalBackend:
                              store_outage_s=store_outage_s)
         self.owners = Owners(store, self.host.meter)
 
-    def store_health(self) -> StoreHealth:
+    async def store_health(self) -> StoreHealth:
         """The store as this process sees it, for /readyz and /metrics (docs/design.md#store-outage)."""
-        return self.store.health()
+        return await checked_health(self.store)
 
     def store_counters(self) -> dict[str, float]:
         return self.store.counters()

@@ -46,6 +46,7 @@ from actors.ray.outbox import Relocated
 from actors.ray.singletons import get_or_create
 from actors.ray.tool_pool import ToolPoolActor
 from actors.store import Store, StoreHealth, store_from_url
+from actors.store.outage import checked_health
 from protocol.events import Event
 from protocol.frames import AgentList, ConversationPage, Mode
 
@@ -182,10 +183,10 @@ class RayBackend:
         if self._started_ray:
             ray.shutdown()
 
-    def store_health(self) -> StoreHealth:
+    async def store_health(self) -> StoreHealth:
         """The store as this gateway's process sees it (the hosts see their own), for /readyz and
         /metrics (docs/design.md#store-outage)."""
-        return self.store.health()
+        return await checked_health(self.store)
 
     def store_counters(self) -> dict[str, float]:
         return self.store.counters()

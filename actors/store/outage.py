@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
-from actors.store.base import StoreHealth, StoreStats, StoreUnavailable
+from actors.store.base import Store, StoreHealth, StoreStats, StoreUnavailable
 
 log = logging.getLogger("reactgate.store")
 
@@ -126,6 +126,15 @@ async def retry_unavailable(
                 raise
             RETRY_STATS.other_retries += 1
         await asyncio.sleep(delay)
+
+
+async def checked_health(store: Store) -> StoreHealth:
+    """A store's health after one cheap read: a store that went away is noticed even by a process
+    that had nothing to write (a Ray gateway, whose hosts do the writing), so /readyz says so on
+    both backends (docs/design.md#store-outage). A read that works does not end a write outage."""
+    with contextlib.suppress(StoreUnavailable):
+        await store.last_seq("")
+    return store.health()
 
 
 def counters(stats: StoreStats) -> dict[str, float]:
