@@ -170,3 +170,18 @@ async def test_a_silent_socket_does_not_hold_the_port(serve: Serve) -> None:
         with contextlib.suppress(ConnectionError):
             await writer.wait_closed()
         del reader
+
+
+@pytest.mark.parametrize(("path", "body"), ENDPOINTS, ids=["aisdk", "agui"])
+async def test_a_deleted_chat_is_never_created_again(serve: Serve, path: str, body: Any, alice: Owner) -> None:
+    """A chat id names one conversation for good: once deleted, its id is nobody's (docs/design.md#deletion)."""
+    async with serve(auth_secret=SECRET) as server:
+        status, _, headers = await post(server, path, body("gone"), token(alice.sub))
+        cid = headers["X-Reactgate-Conversation-Id"]
+        assert status == 200 and cid == chat_conversation_id(alice, "gone")
+        async with server.client(token(alice.sub)) as her:
+            deleted = await her.request(type="delete", conversation_id=cid)
+            assert (deleted["type"], deleted["status"]) == ("ack", "accepted")
+        status, text, _ = await post(server, path, body("gone"), token(alice.sub))
+        assert status == 403 and json.loads(text)["code"] == "forbidden"
+        assert await listed(server, alice) == []
