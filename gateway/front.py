@@ -244,11 +244,9 @@ def front_connection(front: HttpFront) -> type[ServerConnection]:
             self._held = bytearray()
             self._timer = asyncio.get_running_loop().call_later(HEAD_TIMEOUT_S, transport.abort)
 
-        def data_received(self, data: bytes) -> None:
+        def data_received(self, data: bytes) -> None:  # until the decision: the head so far
             held = self._held
-            if held is None:
-                super().data_received(data)
-                return
+            assert held is not None, "replaced by websockets' own once decided"
             held += data
             if b"\r\n\r\n" not in held and len(held) <= MAX_HEAD_BYTES:
                 return
@@ -268,6 +266,8 @@ def front_connection(front: HttpFront) -> type[ServerConnection]:
                 exchange.data_received(head)
                 return
             super().connection_made(self._transport)
+            # From now on every read goes straight to websockets: no check of ours per frame.
+            self.data_received = super().data_received  # type: ignore[method-assign]
             super().data_received(head)
 
         def eof_received(self) -> None:
