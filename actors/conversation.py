@@ -409,6 +409,12 @@ class Conversation:
                     self.state.turns += 1
                     turn = Turn.new(self, f"t{self.state.turns}", message.message_id, message.text, message.trace,
                                     message.caller)
+                    # The message leaves the queue and its turn runs, in one synchronous moment: a
+                    # checkpoint taken before the turn's own first one (a command's, whose ack waits
+                    # for it) holds the turn. Taken with a stale `current`, it held the message neither
+                    # queued nor running, and a host death lost the turn for good
+                    # (docs/design.md#recovery; tests/test_turn_start_window.py).
+                    self.state.current = turn.progress()
                 self._turn = turn
                 try:
                     await turn.run(resumed=resumed)

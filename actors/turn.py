@@ -209,6 +209,11 @@ class Turn:
             ctx.record(UserMessageBlock(self.turn_id, p.message_id, p.text))
             await ctx.tools.reset_exploration(ctx.conversation_id)
             ctx.checkpoint()
+        elif p.round_no == 0 and p.cut is None:
+            # Resumed before its first round: the host may have died before the reset above ran (a
+            # command's checkpoint in that window holds the turn: tests/test_turn_start_window.py).
+            # A reset is idempotent, and nothing of this turn has explored yet.
+            await ctx.tools.reset_exploration(ctx.conversation_id)
         try:
             if resumed and p.pending:  # the batch a crash cut: durable results are not re-run
                 await self._resume_pending()

@@ -323,7 +323,12 @@ class RayBackend:
             link: _HostLink | None = None
             try:
                 link = await self._link_for(conversation_id)
-                return await call(link)
+                result = await call(link)
+                if conversation_id not in self._listeners:
+                    # A route is a cache only a watched conversation keeps (see `_unwatch`); the
+                    # next call of an unwatched one asks the Directory again.
+                    self._routes.pop(conversation_id, None)
+                return result
             except WrongHost as exc:  # another host holds the activation: go there
                 self._routes[conversation_id] = exc.holder
                 redirects += 1
@@ -387,13 +392,19 @@ class RayBackend:
         await self._routed(conversation_id, watch)
 
     async def _unwatch(self, conversation_id: str) -> None:
+        """The last subscriber left: stop the host's feed, and forget the route.
+
+        The link is found by what it watches, not through the route: a delete (or a relocation)
+        drops the route first, and the watch must still end. The route goes too — it is a cache
+        that only a watched conversation keeps; kept for every conversation ever served, it grew
+        with the conversations served, not the live ones (bench/soak.py, docs/design.md#store-outage)."""
         lock = self._watch_lock(conversation_id)
         async with lock:
             if self._listeners.get(conversation_id):
                 return  # a new subscription attached meanwhile: it needs the host's feed
-            name = self._routes.get(conversation_id)
-            link = self._links.get(name) if name else None
-            if link is not None and conversation_id in link.watched:
+            link = next((link for link in self._links.values() if conversation_id in link.watched), None)
+            self._routes.pop(conversation_id, None)
+            if link is not None:
                 link.watched.discard(conversation_id)
                 with contextlib.suppress(RayActorError, RayTaskError):
                     await link.handle.unwatch.remote(self.gateway_id, conversation_id)
