@@ -58,6 +58,11 @@ ROUTE_ATTEMPTS = 5           # WrongHost redirects followed at once, before back
 ROUTE_TIMEOUT_S = 60.0       # how long a call keeps re-routing while hosts die and replacements start
 RETRY_MAX_S = 1.0
 POLL_TIMEOUT_S = 1.0
+# A poll unanswered this long counts as its host's death. SIGKILLed hosts mostly fail the poll at once
+# (ActorDiedError), but in soak runs one kill in three left the gateway's poll pending for good: its
+# subscribers were never re-watched and saw nothing more (bench/soak.py --host-kill-every 60). The
+# failover is safe on a live host too: it re-watches and hands every subscriber "look in the store".
+POLL_DEADLINE_S = 15.0
 
 
 class _HostGone(Exception):
@@ -91,7 +96,8 @@ class _HostLink:
     async def _pump(self) -> None:
         while True:
             try:
-                batch = await self.handle.poll.remote(self._gateway_id, POLL_TIMEOUT_S)
+                batch = await asyncio.wait_for(self.handle.poll.remote(self._gateway_id, POLL_TIMEOUT_S),
+                                               POLL_DEADLINE_S)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # whatever broke the stream, the conversations need a new one
