@@ -1113,14 +1113,23 @@ def print_type_growth(run: Run, fit_from: float, top: int = 10) -> None:
         print(f"  {label}: " + ", ".join(f"{k} {d:+,}" for d, k in growth if d > 0))
 
 
-def print_store_tail(db: Path, conversation_ids: list[str], t0: float) -> None:
-    """What the store holds of conversations whose turn never completed for their client."""
-    import sqlite3
+def print_store_tail(store_url: str, conversation_ids: list[str], t0: float) -> None:
+    """What the store holds of conversations whose turn never completed for their client (SQLite, or
+    PostgreSQL while it still runs: before the private one is stopped)."""
+    query = "SELECT seq, event, ts FROM events WHERE conversation_id = {p} ORDER BY seq DESC LIMIT 8"
+    if store_url.startswith("sqlite:///"):
+        import sqlite3
 
-    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)) as conn:
+        conn: Any = sqlite3.connect(f"file:{store_url.removeprefix('sqlite:///')}?mode=ro", uri=True, timeout=10)
+        query = query.format(p="?")
+    else:
+        import psycopg
+
+        conn = psycopg.connect(store_url.split("?")[0], connect_timeout=10)
+        query = query.format(p="%s")
+    with contextlib.closing(conn):
         for cid in conversation_ids:
-            rows = conn.execute("SELECT seq, event, ts FROM events WHERE conversation_id = ? ORDER BY seq DESC LIMIT 8",
-                                (cid,)).fetchall()
+            rows = conn.execute(query, (cid,)).fetchall()
             tail = ", ".join(f"{seq} {event} @{ts - t0:.1f}s" for seq, event, ts in reversed(rows))
             print(f"  store, {cid}: … {tail or 'no events'}")
 
@@ -1272,8 +1281,8 @@ def soak(args: argparse.Namespace, work: Path, stack: contextlib.ExitStack) -> i
         print("client-side notes: " + ", ".join(f"{k} ×{n}" for k, n in totals.errors.most_common(12)))
     for line in totals.stuck[:10]:
         print(f"  stuck turn (t0 {t0:.1f}): {line}")
-    if totals.stuck_ids and args.store == "sqlite":
-        print_store_tail(work / "store.sqlite3", totals.stuck_ids[:10], t0)
+    if totals.stuck_ids and (args.store == "sqlite" or pg is not None):
+        print_store_tail(store_url, totals.stuck_ids[:10], t0)
     if args.types:
         print_type_growth(run, t0 + warmup)
     leaks = [f for f in fits if f.leak]
