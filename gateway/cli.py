@@ -9,7 +9,10 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Final, TypeAlias
+from typing import TYPE_CHECKING, Final, TypeAlias
+
+if TYPE_CHECKING:
+    from asyncio import AbstractEventLoop
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # LiteLLM stalls offline without it
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -100,11 +103,34 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"reactgate serve: {exc}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(run(settings, backend))
+        factory = event_loop_factory(settings.event_loop)
+    except StartupError as exc:
+        print(f"reactgate serve: {exc}", file=sys.stderr)
+        return 2
+    logging.getLogger("reactgate.gateway").info("event loop: %s", "uvloop" if factory else "asyncio")
+    try:
+        with asyncio.Runner(loop_factory=factory) as runner:
+            runner.run(run(settings, backend))
     except ConfigurationReplaced as exc:  # the cluster serves a newer configuration (docs/design.md#generations)
         print(f"reactgate serve: refused by the cluster: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def event_loop_factory(choice: str) -> Callable[[], AbstractEventLoop] | None:
+    """The loop `serve` runs on (Settings.event_loop): uvloop's where asked, or with "auto" where it
+    imports; None is asyncio's own. Asked for and missing, it is refused at start-up."""
+    if choice == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if choice == "uvloop":
+            from gateway.app import StartupError
+
+            raise StartupError("event_loop = uvloop, but uvloop is not installed (pip install uvloop)") from None
+        return None
+    return uvloop.new_event_loop  # type: ignore[no-any-return]
 
 
 # -- chat -----------------------------------------------------------------------------------------

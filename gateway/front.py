@@ -18,7 +18,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, cast
 
 import h11
 from websockets.asyncio.server import ServerConnection
@@ -82,8 +82,7 @@ class HttpExchange(asyncio.Protocol):
     # -- asyncio.Protocol ----------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = _stream(transport)
 
     def data_received(self, data: bytes) -> None:
         if self._request is not None and self.task is not None:
@@ -228,6 +227,12 @@ class HttpFront:
             exchange.close()
 
 
+def _stream(transport: asyncio.BaseTransport) -> asyncio.Transport:
+    """A TCP connection's transport. uvloop's (the default loop, gateway/cli.py) has asyncio.Transport's
+    methods without deriving from it, so this is a cast, not an isinstance check."""
+    return cast(asyncio.Transport, transport)
+
+
 def front_connection(front: HttpFront) -> type[ServerConnection]:
     """websockets' connection class for `serve(create_connection=…)`, splitting on `front.takes`."""
 
@@ -239,8 +244,7 @@ def front_connection(front: HttpFront) -> type[ServerConnection]:
 
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             # websockets' own connection_made (which starts the handshake) waits for the decision
-            assert isinstance(transport, asyncio.Transport)
-            self._transport = transport
+            self._transport = _stream(transport)
             self._held = bytearray()
             self._timer = asyncio.get_running_loop().call_later(HEAD_TIMEOUT_S, transport.abort)
 
@@ -268,6 +272,7 @@ def front_connection(front: HttpFront) -> type[ServerConnection]:
             super().connection_made(self._transport)
             # From now on every read goes straight to websockets: no check of ours per frame.
             self.data_received = super().data_received  # type: ignore[method-assign]
+            self._transport.set_protocol(self)  # uvloop reads the protocol's methods once, when it is set
             super().data_received(head)
 
         def eof_received(self) -> None:

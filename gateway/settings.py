@@ -86,6 +86,10 @@ class Settings(BaseSettings):
     # How long a conversation waits for a store that went away before it is deactivated; it
     # recovers from the store at its next activation (docs/design.md#store-outage).
     store_outage_s: float = Field(default=120.0, gt=0)
+    # The gateway process's event loop: uvloop (libuv's loop) wherever it is installed — the default
+    # install has it on Linux and macOS — else asyncio's own; `asyncio` forces the standard loop
+    # (bench/README.md#event-loop measures the two on the same load).
+    event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
     # permessage-deflate: ~64 KiB of memory per connection instead of ~14 KiB (measured); off by default
     compression: bool = False
     # OpenTelemetry (docs/design.md#tracing): a collector's OTLP/HTTP base URL, e.g.

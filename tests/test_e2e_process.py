@@ -51,6 +51,7 @@ async def test_sigkill_mid_answer_then_restart_on_the_same_store_resumes_with_ev
     tmp_path: Path, processes: list[ServeProcess]
 ) -> None:
     first = await serve(tmp_path, processes, "first").start()
+    assert b"event loop: uvloop" in first.log_path.read_bytes()  # the default loop, where uvloop installs
     async with client(first.url) as c:
         cid = await c.open()
         await c.subscribe(cid)
