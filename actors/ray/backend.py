@@ -58,10 +58,10 @@ ROUTE_ATTEMPTS = 5           # WrongHost redirects followed at once, before back
 ROUTE_TIMEOUT_S = 60.0       # how long a call keeps re-routing while hosts die and replacements start
 RETRY_MAX_S = 1.0
 POLL_TIMEOUT_S = 1.0
-# A poll unanswered this long counts as its host's death. SIGKILLed hosts mostly fail the poll at once
-# (ActorDiedError), but in soak runs one kill in three left the gateway's poll pending for good: its
-# subscribers were never re-watched and saw nothing more (bench/soak.py --host-kill-every 60). The
-# failover is safe on a live host too: it re-watches and hands every subscriber "look in the store".
+# A poll unanswered this long counts as its host's death: a safety net, so that no subscriber waits on a
+# stream that will never answer (a dead host's poll normally fails at once with ActorDiedError, or a
+# call through the same link fails first and fails the link over). The failover is safe on a live host
+# too: it re-watches and hands every subscriber "look in the store".
 POLL_DEADLINE_S = 15.0
 
 
