@@ -19,24 +19,59 @@ from typing import Any
 
 import msgspec
 
-from actors.catalog import Catalog, ToolExecutor
+from actors.catalog import Catalog, Observation, ToolCall, ToolExecutor
 from actors.context import Step, TokenCounter
 from actors.decision import decision_for
 from actors.eventlog import EventLog
+from actors.external_call import (
+    Access,
+    ApprovalNeeded,
+    ApprovalRoute,
+    ExternalCall,
+    ExternalReply,
+    ExternalRules,
+    ExternalSession,
+    ExternalView,
+    Observed,
+    Refused,
+)
+from actors.gates import Candidate
 from actors.identity import Caller
 from actors.llm.lite import litellm_module
 from actors.llm.stream import ModelDelta, ModelFinished, StreamItem
 from actors.profile import AgentProfile, Policies
-from actors.quotas import Quota, QuotaLimits, Scope, estimate_tokens
+from actors.quotas import Quota, QuotaLimits, Scope, estimate_tokens, tool_calls_refusal_detail
 from actors.store.base import RoundOutput
 from actors.tools.registry import ToolRegistry
 from actors.turn import Turn
-from actors.turn_machine import TurnProgress
-from protocol.events import EventData, MessageKind, TurnCompleted, UserSaid
+from actors.turn_machine import (
+    APPROVAL_OPTIONS,
+    DENIED_BY_USER,
+    Budget,
+    Consent,
+    PendingCall,
+    TurnMachine,
+    TurnProgress,
+)
+from protocol.actions import ActionType
+from protocol.events import (
+    Approval,
+    AskUser,
+    EventData,
+    ExternalClient,
+    MessageKind,
+    ToolCalled,
+    ToolResult,
+    TurnCompleted,
+    UiCommand,
+    UserSaid,
+)
 from protocol.frames import Mode
 from protocol.timeline import Block
 
 log = logging.getLogger("reactgate.conversation")
+MAX_EXTERNAL_REPLIES = 256   # finished external calls remembered, for a client's retry of one
+MAX_EXTERNAL_SESSIONS = 64   # external sessions whose budget and approvals a snapshot keeps
 
 
 class QueuedMessage(msgspec.Struct, frozen=True):
@@ -60,6 +95,8 @@ class ConversationState(msgspec.Struct, kw_only=True):
     queue: list[QueuedMessage] = msgspec.field(default_factory=list)
     tools: dict[str, Any] = msgspec.field(default_factory=dict)  # the tool executor's per-conversation state
     current: TurnProgress | None = None   # the running turn, resumed after a crash
+    # External clients' sessions (docs/design.md#mcp-face): each one's budget, approvals and backstop
+    external: dict[str, ExternalSession] = msgspec.field(default_factory=dict)
 
     def encode(self) -> bytes:
         return msgspec.msgpack.encode(self)
@@ -128,6 +165,12 @@ class Conversation:
         self._exact_usage = runtime.quotas.limits_tokens
         self._idle = asyncio.Event()
         self._idle.set()
+        # External calls running now (docs/design.md#mcp-face): by call id, and per session the
+        # candidates the gates see as that session's accepted actions; a few finished replies, so a
+        # call sent again (a client's retry) is answered, not run and logged again.
+        self._external: dict[str, asyncio.Task[ExternalReply]] = {}
+        self._external_in_flight: dict[str, dict[str, Candidate]] = {}
+        self._external_done: dict[str, ExternalReply] = {}
 
     @property
     def conversation_id(self) -> str:
@@ -135,7 +178,8 @@ class Conversation:
 
     @property
     def busy(self) -> bool:
-        return not self._idle.is_set()
+        """A turn runs or waits, or an external call runs: not passivated meanwhile."""
+        return not self._idle.is_set() or bool(self._external)
 
     # -- what a turn reads (TurnContext) -------------------------------------------------------
 
@@ -246,6 +290,7 @@ class Conversation:
             self._runner.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._runner
+        await self._end_external()
         await self.events.close()
 
     async def discard(self) -> int:
@@ -258,6 +303,7 @@ class Conversation:
         self.state.queue.clear()
         self._cancel_turn = False  # a user's cancel under way must not let the runner go on
         await self._end_runner()
+        await self._end_external()
         return published
 
     async def _end_runner(self) -> None:
@@ -286,6 +332,7 @@ class Conversation:
         self.halt()
         await self.events.abandon()
         await self._end_runner()
+        await self._end_external()
 
     def checkpoint(self) -> Awaitable[None] | None:
         """A consistent point (turn start, round end, tools observed, turn end): the host saves it.
@@ -390,6 +437,178 @@ class Conversation:
 
     def log_exception(self, message: str) -> None:
         log.exception("%s (conversation %s)", message, self.conversation_id)
+
+    # -- external calls (docs/design.md#mcp-face) ------------------------------------------------------
+
+    def _session(self, session_id: str, client: ExternalClient, access: Access) -> ExternalRules:
+        session = self.state.external.get(session_id)
+        if session is None or session.access != access:  # the face fixes the access at its session's start
+            while len(self.state.external) >= MAX_EXTERNAL_SESSIONS:  # the snapshot keeps the latest sessions
+                del self.state.external[next(iter(self.state.external))]
+            session = self.state.external[session_id] = ExternalSession.new(session_id, client, access)
+        return ExternalRules.of(session, self.policies, self.agent_states)
+
+    def external_view(self, session_id: str, client: ExternalClient, access: Access | None) -> ExternalView:
+        """The tools this session may call now, in this state and mode, as the gates would decide.
+        `access` None: the agent profile's (`[mcp_face] access`), for a session not yet bound."""
+        if access is None:
+            default = Access(self.profile.mcp_face.access)
+            rules = ExternalRules.of(ExternalSession.new(session_id, client, default), self.policies, self.agent_states)
+        else:
+            rules = self._session(session_id, client, access)
+        return rules.view(self.profile, self._catalog, state=self.state.agent_state, conversation_mode=self.state.mode)
+
+    async def external_call(self, call: ExternalCall) -> ExternalReply:
+        """One call of an external client, decided and run as the agent's own would be. The same
+        call id again (a retry) joins the run in flight, or gets the reply it got."""
+        running = self._external.get(call.call_id)
+        if running is None:
+            done = self._external_done.get(call.call_id)
+            if done is not None:
+                return done
+            running = asyncio.get_running_loop().create_task(self._external_call(call))
+            self._external[call.call_id] = running
+            running.add_done_callback(lambda _: self._external.pop(call.call_id, None))
+        return await asyncio.shield(running)  # the caller may go; only `external_cancel` cuts the call
+
+    def external_cancel(self, call_id: str) -> bool:
+        """The client cancelled the call: it observes `cancelled` (docs/design.md#observations)."""
+        running = self._external.get(call_id)
+        if running is None or running.done():
+            return False
+        running.cancel()
+        return True
+
+    async def _end_external(self) -> None:
+        for running in list(self._external.values()):
+            running.cancel()
+        if self._external:
+            await asyncio.wait(list(self._external.values()))
+
+    async def _external_call(self, call: ExternalCall) -> ExternalReply:
+        session = self._session(call.session_id, call.client, call.access)
+        rules = session.rules(self._catalog, state=self.state.agent_state, conversation_mode=self.state.mode,
+                              validate_params=self.validate_params)
+        in_flight = self._external_in_flight.setdefault(call.session_id, {})
+        admitted = session.admit(call, rules, list(in_flight.values()))
+        if isinstance(admitted, Refused):
+            decl = self._catalog.get(call.tool_id)
+            self._emit_external_call(call, str(decl.trait) if decl else "unknown")
+            notice = admitted.notice
+            self._emit_external_result(call, Observation(call.call_id, call.tool_id, ok=False, error=str(notice.code),
+                                                         detail={k: v for k, v in notice.to_dict().items() if k != "code"}))
+            return await self._finished(call, admitted)
+        decl = admitted
+        route = session.approval_route(call, decl)
+        if route is ApprovalRoute.ELICIT:
+            return ApprovalNeeded(call.tool_id, dict(call.params), f"Run {call.tool_id}?")
+        self._emit_external_call(call, str(decl.trait))
+        in_flight[call.call_id] = Candidate(0, ActionType.CALL_TOOL, call.tool_id, decl.trait)
+        machine = session.machine
+        # Owed an observation from here: a crash before it is recorded leaves it to recovery (actors/recovery.py).
+        machine.progress.pending.append(PendingCall(call.call_id, call.tool_id, dict(call.params)))
+        try:
+            if not session.admitted(call, decl, self.max_tool_calls):
+                limit = self.max_tool_calls or 0
+                obs = Observation(call.call_id, call.tool_id, ok=False, error="quota_exceeded",
+                                  detail=tool_calls_refusal_detail(limit))
+            else:
+                if route is ApprovalRoute.DECIDED:
+                    consent = Consent(call.consent) if call.consent in set(Consent) else Consent.DENIED
+                    machine.consented(call.call_id, consent)
+                    self._emit_approval(call, consent)
+                elif route is ApprovalRoute.OWNER:
+                    answer = await self._ask_owner(call, f"Run {call.tool_id}?", list(APPROVAL_OPTIONS), approval=True)
+                    self._emit_approval(call, machine.decide(call.call_id, answer))
+                if not machine.may_run(call.call_id, decl):
+                    decision = machine.progress.approvals.get(call.call_id, Consent.DENIED)
+                    obs = Observation(call.call_id, call.tool_id, ok=False, error=DENIED_BY_USER, detail={
+                        "decision": decision, "message": "the user did not approve this call: it did not run"})
+                elif session.is_question(decl):
+                    obs = await self._external_question(call, machine)
+                else:
+                    saved = self.checkpoint()  # the call and its approval durable before it runs, as a turn's are
+                    if saved is not None:
+                        await saved
+                    (obs,) = await self.tools.execute_batch(
+                        self.conversation_id, call.session_id, [ToolCall(call.call_id, call.tool_id, call.params)],
+                        exploration_cap=machine.exploration_cap, timeout_s=self.policies.tool_timeout_s,
+                        catalog=self._catalog, caller=call.caller)
+        except asyncio.CancelledError:  # the client cancelled it, or the conversation closes
+            obs = Observation(call.call_id, call.tool_id, ok=False, error="cancelled")
+        finally:
+            in_flight.pop(call.call_id, None)
+        self._emit_external_result(call, obs)
+        state = machine.observe(call.call_id, obs, decl)
+        if state is not None:  # the agent's next round, and the face's next list, use it (docs/design.md#states)
+            self.set_agent_state(state)
+        return await self._finished(call, Observed.of(obs))
+
+    async def _external_question(self, call: ExternalCall, machine: TurnMachine) -> Observation:
+        """`react.ask_user` from outside: the conversation's owner is asked (docs/design.md#ask-user);
+        the budget question's answer resets or stops the session's exploration."""
+        question = str(call.params.get("question", ""))
+        answer = await self._ask_owner(call, question, [str(o) for o in call.params.get("options") or []])
+        if machine.budget_answer(question, answer) is Budget.RESET:
+            await self.tools.reset_exploration(self.conversation_id)
+        if answer is None:
+            return Observation(call.call_id, call.tool_id, ok=False, error="ask_user_timeout")
+        return Observation(call.call_id, call.tool_id, ok=True, result={"answer": answer})
+
+    async def _ask_owner(self, call: ExternalCall, question: str, options: list[str], *,
+                         approval: bool = False) -> str | None:
+        """Ask the conversation's owner, on /ws and the frontends, as a turn asks; None: no answer in time."""
+        future = self.expect_answer(call.call_id)
+        self.emit(AskUser(turn_id=call.session_id, ask_id=call.call_id, question=question, options=options,
+                          timeout_s=self.policies.ask_user_timeout_s, kind="approval" if approval else None,
+                          tool_id=call.tool_id if approval else None, params=dict(call.params) if approval else None,
+                          client=call.client))
+        try:
+            return await asyncio.wait_for(future, self.policies.ask_user_timeout_s)
+        except TimeoutError:
+            return None
+        finally:
+            self.forget_answer(call.call_id)
+
+    async def _finished(self, call: ExternalCall, reply: ExternalReply) -> ExternalReply:
+        """The reply, once the call's events and the session's state are durable: as an ack waits for
+        its checkpoint (docs/design.md#write-ahead), a client never holds a result the log could lose."""
+        saved = self.checkpoint()
+        if saved is not None:
+            await saved
+        if len(self._external_done) >= MAX_EXTERNAL_REPLIES:
+            self._external_done.pop(next(iter(self._external_done)))
+        self._external_done[call.call_id] = reply
+        return reply
+
+    def _emit_external_call(self, call: ExternalCall, trait: str) -> None:
+        self.emit(ToolCalled(turn_id=call.session_id, round=0, call_id=call.call_id, tool_id=call.tool_id,
+                             params=dict(call.params), trait=trait, client=call.client))
+
+    def interrupt_external_calls(self, owed: Sequence[ToolCalled]) -> None:
+        """Recovery (docs/design.md#recovery): external calls a crash cut, each owed its one observation:
+        `round_interrupted` (a durable result, if the tool did finish, answers the client's retry)."""
+        for called in owed:
+            assert called.client is not None
+            call = ExternalCall(session_id=called.turn_id, client=called.client, access=Access.OBSERVE,
+                                call_id=called.call_id, tool_id=called.tool_id, params=dict(called.params))
+            self._emit_external_result(call, Observation(called.call_id, called.tool_id, ok=False,
+                                                         error="round_interrupted"))
+        for session in self.state.external.values():
+            session.progress.pending = []
+
+    def _emit_external_result(self, call: ExternalCall, obs: Observation) -> None:
+        self.emit(ToolResult(turn_id=call.session_id, call_id=call.call_id, tool_id=call.tool_id, ok=obs.ok,
+                             duration_ms=obs.duration_ms, result=dict(obs.result or {}) if obs.ok else None,
+                             error=None if obs.ok else obs.error,
+                             detail=dict(obs.detail) if not obs.ok and obs.detail else None, client=call.client))
+        for command in obs.ui_commands:
+            self.emit(UiCommand(turn_id=call.session_id, command=str(command.get("command")),
+                                args=dict(command.get("args", {}))))
+
+    def _emit_approval(self, call: ExternalCall, consent: Consent) -> None:
+        self.emit(Approval(turn_id=call.session_id, call_id=call.call_id, tool_id=call.tool_id,
+                                decision=consent.value, client=call.client))
 
     # -- running turns -------------------------------------------------------------------------------
 

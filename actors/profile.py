@@ -198,6 +198,17 @@ class ModelSettings(BaseModel):
         return self.model_dump(exclude_none=True)
 
 
+class McpFace(BaseModel):
+    """`[mcp_face]`: how external clients see this agent through the gateway's MCP face
+    (docs/design.md#mcp-face). A token claim may choose another access mode; a client never raises it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    access: Literal["observe", "execute"] = "observe"   # without a claim: observe = ask mode, execute = agent mode
+    catalog_max: PositiveInt = 32       # past this many tools: the core tools and `search_capabilities` only
+    core_tools: tuple[Name, ...] = ()   # always listed (besides `react.ask_user`); the rest is found by search
+
+
 # How the model states its decisions (docs/design.md#decision-protocol, #native): channel-tagged text
 # with JSON action blocks, or the model's own function calling.
 Decision = Literal["channels", "native"]
@@ -229,6 +240,7 @@ class AgentProfile(BaseModel):
     # Every tool whose safety is `write` waits for the user's approval (docs/design.md#execute-confirmation).
     confirm_writes: bool = False
     mcp_servers: tuple[McpServerConfig, ...] = ()
+    mcp_face: McpFace = McpFace()
 
     @model_validator(mode="after")
     def _consistent(self, info: ValidationInfo) -> AgentProfile:
@@ -283,6 +295,9 @@ class AgentProfile(BaseModel):
             for name in server.tools:
                 if server.tool_id(name) in seen:
                     out.append((f"mcp_servers[{i}].tools.{name}", f"{server.tool_id(name)!r} is also in [[tools]]"))
+        for i, tool_id in enumerate(self.mcp_face.core_tools):
+            if tool_id not in self.tool_ids:
+                out.append((f"mcp_face.core_tools[{i}]", f"{tool_id!r} is not one of this agent's tools"))
         return out
 
     # -- what the runtime reads ----------------------------------------------------------------

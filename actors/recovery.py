@@ -41,7 +41,28 @@ def recover(conv: Conversation, tail: Sequence[Event]) -> None:
             _adopt_started_turn(conv, event.data)
     if state.current is not None:
         _recover_turn(conv, state.current, tail)
+    _recover_external_calls(conv, tail)
     conv.resume()
+
+
+def _recover_external_calls(conv: Conversation, tail: Sequence[Event]) -> None:
+    """External clients' calls (docs/design.md#mcp-face) a crash cut, each owed its one observation:
+    the snapshot lists those started before it (their session's pending calls), the tail those
+    started after it; a result in the tail settles one."""
+    results = {d.call_id for e in tail if isinstance(d := e.data, ToolResult) and d.client is not None}
+    owed: dict[str, ToolCalled] = {}
+    for session in conv.state.external.values():
+        for p in session.progress.pending:
+            owed[p.call_id] = ToolCalled(turn_id=session.session_id, round=0, call_id=p.call_id, tool_id=p.tool_id,
+                                         params=p.params, trait="", client=session.client)
+    for event in tail:
+        if isinstance(d := event.data, ToolCalled) and d.client is not None:
+            owed[d.call_id] = d
+    cut = [c for call_id, c in owed.items() if call_id not in results]
+    if owed:
+        conv.interrupt_external_calls(cut)
+    if cut:
+        conv.save()
 
 
 def _adopt_started_turn(conv: Conversation, started: TurnStarted) -> None:
@@ -95,7 +116,9 @@ def _count_model_calls(conv: Conversation, current: TurnProgress, tail: Sequence
     """Model calls made after the snapshot, as the durable log shows them: one per round that
     streamed, one per fallback. The scripted model plays "the i-th call", so a resumed turn must
     not replay a call it already made (docs/design.md#scripted-model)."""
-    rounds = {(d.turn_id, d.round) for e in tail if isinstance(d := e.data, ThinkingDelta | AnswerDelta | ToolCalled)}
+    # An external client's calls are no model call of the agent's (docs/design.md#mcp-face).
+    rounds = {(d.turn_id, d.round) for e in tail if isinstance(d := e.data, ThinkingDelta | AnswerDelta | ToolCalled)
+              and getattr(d, "client", None) is None}
     if current.streaming:
         rounds.discard((current.turn_id, current.round_no))  # its call was made before the snapshot
     conv.state.model_calls += len(rounds) + sum(isinstance(e.data, Fallback) for e in tail)

@@ -200,8 +200,9 @@ def _recorded_turns(events: Iterable[Event]) -> list[_Turn]:
     for event in events:
         data = event.data
         turn_id = getattr(data, "turn_id", None)
-        if not isinstance(turn_id, str):
-            continue  # a fallback (no turn), or a kind this version does not know
+        if not isinstance(turn_id, str) or getattr(data, "client", None) is not None:
+            continue  # a fallback (no turn), a kind this version does not know, or an external client's
+                      # call: not the model's, so nothing to replay (docs/design.md#mcp-face)
         turn = turns.setdefault(turn_id, _Turn(turn_id))
         if isinstance(data, ThinkingDelta):
             turn.round(data.round).thinking.append(data.text)

@@ -125,6 +125,26 @@ def interrupted_round(turn_id: str, round_no: int, notice: Notice) -> RoundCompl
     )
 
 
+def budget_question_problem(rules: RoundRules, tool_id: str, params: Mapping[str, Any]) -> Notice | None:
+    """While the exploration budget awaits confirmation, the one call allowed is the budget question,
+    well formed (docs/design.md#exploration-budget): checked once its params are known. A round's
+    engine and the MCP face (actors/external_call.py) ask the same question here."""
+    if not (rules.confirmation_required and tool_id == ASK_USER_TOOL):
+        return None
+    question = str(params.get("question", ""))
+    options = params.get("options") or []
+    if EXPLORATION_MARKER in question and list(options) == [CONTINUE_EXPLORING, STOP_EXPLORING]:
+        return None
+    return Notice(
+        code=NoticeCode.CONFIRMATION_REQUIRED,
+        message=(
+            f"the budget question must contain {EXPLORATION_MARKER} and offer exactly the options "
+            f"{CONTINUE_EXPLORING!r} and {STOP_EXPLORING!r}"
+        ),
+        tool_id=ASK_USER_TOOL,
+    )
+
+
 class RoundEngine:
     """Governs one round. Feed it raw deltas (any size); then `finish()`."""
 
@@ -336,20 +356,7 @@ class RoundEngine:
         return validate(tool_id, params) if validate is not None else []
 
     def _confirmation_problem(self, action: CallTool) -> Notice | None:
-        if not (self.rules.confirmation_required and action.tool_id == ASK_USER_TOOL):
-            return None
-        question = str(action.params.get("question", ""))
-        options = action.params.get("options") or []
-        if EXPLORATION_MARKER in question and list(options) == [CONTINUE_EXPLORING, STOP_EXPLORING]:
-            return None
-        return Notice(
-            code=NoticeCode.CONFIRMATION_REQUIRED,
-            message=(
-                f"the budget question must contain {EXPLORATION_MARKER} and offer exactly the options "
-                f"{CONTINUE_EXPLORING!r} and {STOP_EXPLORING!r}"
-            ),
-            tool_id=ASK_USER_TOOL,
-        )
+        return budget_question_problem(self.rules, action.tool_id, action.params)
 
     def _code_closed(self, out: list[RoundEvent]) -> None:
         if self._awaiting_code:

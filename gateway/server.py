@@ -58,9 +58,10 @@ from actors.quotas import QuotaExceeded, Scope, connection_refusal, scope_key
 from actors.store.base import StoreUnavailable
 from gateway.auth import Authenticated, Unauthorized, authenticate, load_verifier
 from gateway.dispatch import dispatch, quota_error, safe_cause, unavailable_error
-from gateway.front import HttpFront, Refused, front_connection
+from gateway.front import HttpExchange, HttpFront, HttpRequest, Refused, front_connection
 from gateway.frontends import Frontends, retry_after
 from gateway.limits import quota_limits, session_limits
+from gateway.mcp_face import McpFace
 from gateway.metrics import GatewayMetrics
 from gateway.origins import OriginPolicy
 from gateway.session import Session
@@ -202,7 +203,18 @@ class GatewayServer:
         # The frontends' endpoints (docs/frontends.md): requests with a body and a streamed answer,
         # split from the WebSocket's by gateway/front.py on the same port.
         self.frontends = Frontends(self)
-        self._front = HttpFront(self.frontends.takes, self.frontends.handle, settings.max_frame_bytes)
+        # The MCP face (docs/design.md#mcp-face): /mcp on the same port, through the same exchange.
+        self.mcp = McpFace(self)
+        self._front = HttpFront(self._takes_http, self._handle_http, settings.max_frame_bytes)
+
+    def _takes_http(self, method: str, path: str) -> bool:
+        return self.mcp.takes(path) or self.frontends.takes(method, path)
+
+    async def _handle_http(self, request: HttpRequest, exchange: HttpExchange) -> None:
+        if self.mcp.takes(request.path):
+            await self.mcp.handle(request, exchange)
+        else:
+            await self.frontends.handle(request, exchange)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -309,6 +321,7 @@ class GatewayServer:
                     await asyncio.wait_for(
                         asyncio.gather(*(s.flushed() for s in sessions)), self._left(deadline, 0.5)
                     )
+                await self.mcp.close()    # MCP sessions end: a client opens one on another replica
                 self._front.close_all()  # a frontend's stream: its client resumes on another replica
                 server.close(code=CloseCode.SERVICE_RESTART, reason="server draining")
                 try:

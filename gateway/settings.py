@@ -52,6 +52,9 @@ class Settings(BaseSettings):
     # The token claims a tool may read as `ToolContext.caller.claims`, besides tenant and sub
     # (REACTGATE_TOOL_CLAIMS=roles,org_id). None by default: a tool never sees the token itself.
     tool_claims: Annotated[tuple[str, ...], NoDecode] = ()
+    # The MCP face (docs/design.md#mcp-face): the token claim that names a client's access mode
+    # (`observe` or `execute`); a token without it gets its agent profile's `[mcp_face] access`.
+    mcp_access_claim: str = Field(default="reactgate_access", min_length=1)
 
     @field_validator("allowed_origins", "tool_claims", mode="before")
     @classmethod

@@ -105,6 +105,16 @@ class TurnCompleted(EventData, frozen=True):
 # -- tools -------------------------------------------------------------------------------------
 
 
+class ExternalClient(msgspec.Struct, frozen=True):
+    """Who made a call from outside the conversation's own turns: an external agent through the MCP
+    face (docs/design.md#mcp-face). On `tool.call`, `tool.result`, `ask_user` and the approval
+    trace of such a call; absent on the agent's own. `face` is the way in (`mcp`), `name` the
+    client's own name for itself (its `clientInfo.name`), as it declared it."""
+
+    face: str
+    name: str
+
+
 class ToolCalled(EventData, frozen=True):
     """An allowed call whose JSON is complete and valid: it will run (docs/design.md#gates)."""
 
@@ -115,6 +125,7 @@ class ToolCalled(EventData, frozen=True):
     tool_id: str
     params: dict[str, Any]
     trait: str
+    client: ExternalClient | None = None   # an external client's call (docs/design.md#mcp-face)
 
 
 class ToolResult(EventData, frozen=True):
@@ -130,6 +141,7 @@ class ToolResult(EventData, frozen=True):
     result: dict[str, Any] | None = None
     error: str | None = None
     detail: dict[str, Any] | None = None
+    client: ExternalClient | None = None   # an external client's call (docs/design.md#mcp-face)
 
     def payload(self) -> dict[str, Any]:
         """The JSON the model sees as this call's observation."""
@@ -156,6 +168,7 @@ class AskUser(EventData, frozen=True):
     kind: str | None = None
     tool_id: str | None = None          # an approval's call
     params: dict[str, Any] | None = None
+    client: ExternalClient | None = None   # asked for an external client's call (docs/design.md#mcp-face)
 
 
 class UiCommand(EventData, frozen=True):
@@ -272,6 +285,7 @@ class Approval(Trace, frozen=True, tag="approval"):
     call_id: str
     tool_id: str
     decision: str
+    client: ExternalClient | None = None   # an external client's call (docs/design.md#mcp-face)
 
 
 TraceData = IllegalFinish | NoToolFinish | IterationLimit | Salvaged | Approval

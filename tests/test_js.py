@@ -40,6 +40,7 @@ from tests.e2e import (
     slow_answer_script,
     token,
 )
+from tests.mcpkit import big_profile, face_profile
 from tests.roundkit import action, call, complete, text_round, thinking
 
 JS_TESTS = REPO / "tests" / "js"
@@ -70,7 +71,9 @@ def _agent(name: str, **update: Any) -> AgentProfile:
     return demo_profile(known_tools=demo_registry()).model_copy(update={"name": name, **update})
 
 
-OTHERS = {"ask": (_agent("ask"), ASK), "confirm": (_agent("confirm", confirm_writes=True), CONFIRM)}
+# And the MCP face's agents (tests/mcpkit.py; tests/js/mcp.test.mjs): "face", and "big" with a compact catalog.
+OTHERS = {"ask": (_agent("ask"), ASK), "confirm": (_agent("confirm", confirm_writes=True), CONFIRM),
+          "face": (face_profile(), SCRIPT), "big": (big_profile(), SCRIPT)}
 
 
 def _missing(reason: str) -> None:
@@ -197,3 +200,15 @@ async def test_the_ag_ui_client_against_a_real_gateway(js_gateway: dict[str, str
     `[ag-ui]` warning — a demo turn, an interrupt and its resume, an approval, a reloaded thread, a cut
     run reattached (docs/frontends.md#ag-ui)."""
     await run_node_tests(JS_TESTS / "agui.test.mjs", js_gateway)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_the_mcp_sdk_client_against_a_real_gateway(js_gateway: dict[str, str]) -> None:
+    """tests/js/mcp.test.mjs: @modelcontextprotocol/sdk's Client on /mcp (docs/design.md#mcp-face) —
+    the tool list in observe and execute, list_changed, search_capabilities, the ask-mode notice, the
+    exploration budget, approvals through elicitation, a /ws subscriber seeing the calls, a foreign
+    conversation refused, a cancelled call. The access modes come from token claims: with auth only."""
+    if "REACTGATE_TOKEN" not in js_gateway:
+        pytest.skip("the access mode is a token claim: the MCP face's tests run on the gateway with auth")
+    await run_node_tests(JS_TESTS / "mcp.test.mjs", js_gateway)

@@ -11,9 +11,10 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from actors.external_call import Access, ExternalCall, ExternalReply, ExternalView
 from actors.identity import Caller, Owner
 from actors.quotas import TenantUsage
-from protocol.events import Event
+from protocol.events import Event, ExternalClient
 from protocol.frames import AgentList, ConversationPage, Mode
 
 
@@ -170,4 +171,19 @@ class Backend(Protocol):
     async def list_conversations(self, owner: Owner, limit: int, before: str | None) -> ConversationPage:
         """A page of `owner`'s own conversations, newest activity first, after the cursor `before`
         (docs/design.md#conversation-list). Raises protocol.frames.InvalidCursor."""
+        ...
+
+    async def external_call(self, owner: Owner, conversation_id: str, call: ExternalCall) -> ExternalReply:
+        """An external client's call in the caller's conversation (docs/design.md#mcp-face), decided and
+        run by the conversation under its agent's rules; returns once it is observed (or refused, or
+        waits for an approval the client itself is to give). Raises Forbidden."""
+        ...
+
+    async def external_view(self, owner: Owner, conversation_id: str, session_id: str, client: ExternalClient,
+                            access: Access | None) -> ExternalView:
+        """The tools that session may call now in the caller's conversation. Raises Forbidden."""
+        ...
+
+    async def external_cancel(self, owner: Owner, conversation_id: str, call_id: str) -> bool:
+        """Cancel an external call in flight: it observes `cancelled`. Raises Forbidden."""
         ...

@@ -39,6 +39,7 @@ import msgspec
 
 from actors.conversation import Conversation, ConversationState, Runtime
 from actors.eventlog import EventLog, EventLogStopped
+from actors.external_call import Access, ExternalCall, ExternalReply, ExternalView
 from actors.hosting.backend import (
     AgentNotServed,
     Answer,
@@ -58,7 +59,7 @@ from actors.recovery import recover
 from actors.store import IDEMPOTENCY_TTL_S, Store, Tombstoned
 from actors.store.base import StoreUnavailable
 from actors.store.outage import BATCH, DEFAULT_STORE_OUTAGE_S, RETRY_STATS, REVIVE, Backoff, retry_unavailable
-from protocol.events import ConversationDeleted, Event
+from protocol.events import ConversationDeleted, Event, ExternalClient
 from protocol.frames import title_of
 from protocol.timeline import UserMessageBlock
 
@@ -235,6 +236,29 @@ class HostCore:
         if idempotent:
             self._unsettled.pop(key, None)
         return "accepted"
+
+    # -- external calls (docs/design.md#mcp-face) ----------------------------------------------------
+
+    async def external(self, conversation_id: str, call: ExternalCall) -> ExternalReply:
+        """An external client's call, carried out by the conversation (its single writer) as the
+        agent's own would be: the same gates, tool executor, log and checkpoints. Refused with
+        StoreUnavailable while the conversation's log waits for the store, as a command is."""
+        active = await self._ensure_active(conversation_id)
+        refused = active.stalled()
+        if refused is not None:
+            raise refused
+        active.last_activity = self.clock()
+        return await active.conversation.external_call(call)
+
+    async def external_view(self, conversation_id: str, session_id: str, client: ExternalClient,
+                            access: Access | None) -> ExternalView:
+        active = await self._ensure_active(conversation_id)
+        active.last_activity = self.clock()
+        return active.conversation.external_view(session_id, client, access)
+
+    async def external_cancel(self, conversation_id: str, call_id: str) -> bool:
+        active = self._active.get(conversation_id)
+        return active is not None and active.conversation.external_cancel(call_id)
 
     async def _sent_again(self, active: _Active, command: UserMessage | Steer | Answer) -> bool:
         """The store knew the key. A repeat ("duplicate", False) — unless an outage left that key

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 
 from actors.conversation import Runtime
+from actors.external_call import Access, ExternalCall, ExternalReply, ExternalView
 from actors.hosting.backend import AckStatus, Command, ConfigurationReplaced, Export, Opened, SetMode
 from actors.hosting.export import export_log
 from actors.hosting.host import HostCore
@@ -25,7 +26,7 @@ from actors.profile import AgentProfile
 from actors.quotas import TenantUsage
 from actors.store import Store, StoreHealth
 from actors.store.outage import DEFAULT_STORE_OUTAGE_S, checked_health
-from protocol.events import Event
+from protocol.events import Event, ExternalClient
 from protocol.frames import AgentList, ConversationPage, Mode
 
 
@@ -120,3 +121,18 @@ class LocalBackend:
 
     async def list_conversations(self, owner: Owner, limit: int, before: str | None) -> ConversationPage:
         return await conversation_page(self.store, owner, limit, before)
+
+    # -- the MCP face's calls (docs/design.md#mcp-face) ----------------------------------------------
+
+    async def external_call(self, owner: Owner, conversation_id: str, call: ExternalCall) -> ExternalReply:
+        await self.owners.check(owner, conversation_id)
+        return await self.host.external(conversation_id, call)
+
+    async def external_view(self, owner: Owner, conversation_id: str, session_id: str, client: ExternalClient,
+                            access: Access | None) -> ExternalView:
+        await self.owners.check(owner, conversation_id)
+        return await self.host.external_view(conversation_id, session_id, client, access)
+
+    async def external_cancel(self, owner: Owner, conversation_id: str, call_id: str) -> bool:
+        await self.owners.check(owner, conversation_id)
+        return await self.host.external_cancel(conversation_id, call_id)

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
+from actors.external_call import Access, ExternalCall, ExternalReply, ExternalView
 from actors.hosting.backend import AckStatus, Command, ConfigurationReplaced, Export, Opened, SetMode
 from actors.hosting.export import export_log
 from actors.hosting.listing import agent_list, conversation_page
@@ -47,7 +48,7 @@ from actors.ray.singletons import get_or_create
 from actors.ray.tool_pool import ToolPoolActor
 from actors.store import Store, StoreHealth, store_from_url
 from actors.store.outage import checked_health
-from protocol.events import Event
+from protocol.events import Event, ExternalClient
 from protocol.frames import AgentList, ConversationPage, Mode
 
 log = logging.getLogger("reactgate.ray.backend")
@@ -509,3 +510,18 @@ class RayBackend:
 
     async def quota_usage(self) -> list[TenantUsage]:
         return await self.meter.tenant_usage()
+
+    # -- the MCP face's calls (docs/design.md#mcp-face): routed like a command --------------------------
+
+    async def external_call(self, owner: Owner, conversation_id: str, call: ExternalCall) -> ExternalReply:
+        await self.owners.check(owner, conversation_id)
+        return await self._call(conversation_id, "external", call)  # type: ignore[no-any-return]
+
+    async def external_view(self, owner: Owner, conversation_id: str, session_id: str, client: ExternalClient,
+                            access: Access | None) -> ExternalView:
+        await self.owners.check(owner, conversation_id)
+        return await self._call(conversation_id, "external_view", session_id, client, access)  # type: ignore[no-any-return]
+
+    async def external_cancel(self, owner: Owner, conversation_id: str, call_id: str) -> bool:
+        await self.owners.check(owner, conversation_id)
+        return bool(await self._call(conversation_id, "external_cancel", call_id))

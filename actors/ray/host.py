@@ -28,6 +28,7 @@ import ray
 
 from actors import tracing
 from actors.conversation import Runtime
+from actors.external_call import Access, ExternalCall, ExternalReply, ExternalView
 from actors.hosting.backend import Command, ConfigurationReplaced
 from actors.hosting.host import HostCore
 from actors.llm.scripts import register_script
@@ -38,7 +39,7 @@ from actors.ray.outbox import Outboxes, Relocated
 from actors.ray.singletons import get_or_create
 from actors.ray.tool_pool import ToolPoolActor, ToolPoolClient
 from actors.store import store_from_url
-from protocol.events import Event
+from protocol.events import Event, ExternalClient
 
 log = logging.getLogger("reactgate.ray.host")
 
@@ -233,6 +234,23 @@ class ConversationHost:
         self._serves(generation)
         core = await self._ready()
         return str(await core.command(conversation_id, command))
+
+    async def external(self, conversation_id: str, call: ExternalCall, *, generation: str | None = None) -> ExternalReply:
+        """An external client's call through the MCP face (docs/design.md#mcp-face)."""
+        self._serves(generation)
+        core = await self._ready()
+        return await core.external(conversation_id, call)
+
+    async def external_view(self, conversation_id: str, session_id: str, client: ExternalClient, access: Access | None, *,
+                            generation: str | None = None) -> ExternalView:
+        self._serves(generation)
+        core = await self._ready()
+        return await core.external_view(conversation_id, session_id, client, access)
+
+    async def external_cancel(self, conversation_id: str, call_id: str, *, generation: str | None = None) -> bool:
+        self._serves(generation)
+        core = await self._ready()
+        return await core.external_cancel(conversation_id, call_id)
 
     async def delete(self, conversation_id: str, request_key: str, *, generation: str | None = None) -> str:
         """Stop the conversation, delete it from the store, tell its watchers, release its claim

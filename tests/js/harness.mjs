@@ -25,13 +25,15 @@ export function gateway() {
 
 const b64url = (value) => Buffer.from(typeof value === "string" ? value : JSON.stringify(value)).toString("base64url");
 
-/** An HS256 JWT for the owner of REACTGATE_TOKEN (same sub and tenant), living `expInS` seconds. */
-export function mintToken({ expInS = 3600 } = {}) {
+/** An HS256 JWT for the owner of REACTGATE_TOKEN (same sub and tenant), living `expInS` seconds, with
+ *  `claims` added (e.g. the MCP face's access claim), or another owner's (`sub`). */
+export function mintToken({ expInS = 3600, claims = {}, sub = null } = {}) {
   const { token, secret } = gateway();
   if (!secret) throw new Error("mintToken needs REACTGATE_AUTH_SECRET (a gateway with auth on)");
   const owner = JSON.parse(Buffer.from(token.split(".")[1], "base64url").toString());
   const iat = Math.floor(Date.now() / 1000);
-  const body = `${b64url({ alg: "HS256", typ: "JWT" })}.${b64url({ sub: owner.sub, tenant: owner.tenant, iat, exp: iat + expInS })}`;
+  const payload = { sub: sub ?? owner.sub, tenant: owner.tenant, iat, exp: iat + expInS, ...claims };
+  const body = `${b64url({ alg: "HS256", typ: "JWT" })}.${b64url(payload)}`;
   return `${body}.${createHmac("sha256", secret).update(body).digest("base64url")}`;
 }
 

@@ -1,0 +1,464 @@
+"""The MCP face over a real gateway (docs/design.md#mcp-face), with the official `mcp` Python SDK's
+streamable-HTTP `ClientSession`, on the local and the Ray backend, with tokens.
+
+Each test opens MCP sessions on `/mcp` of a real `reactgate` gateway on loopback, and, where the
+owner of the bound conversation has a part (an approval, the budget question, watching), a real
+`/ws` client of the same owner. What the tests assert is what a client sees (the tool list, the
+call's result or tool error, notifications) and what the conversation's log holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import mcp_types as types
+import pytest
+from mcp import MCPError
+
+from actors.agent import load_agent
+from gateway.app import AgentSetup, local_backend
+from gateway.server import GatewayServer
+from gateway.settings import Settings
+from tests.e2e import (
+    REPO,
+    SECRET,
+    LocalServer,
+    RayHosting,
+    ServeProcess,
+    local_server,
+    ray_hosting,
+    ray_server,
+    store_url,
+    token,
+    weather_then_answer,
+)
+from tests.kit import TIMEOUT, client
+from tests.mcpkit import PROFILE, big_profile, conversation_of, face_profile, mcp_session, mcp_url
+
+SCRIPT = weather_then_answer()
+MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+    "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "probe", "version": "1"}}}
+EXECUTE = {"reactgate_access": "execute"}
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayHosting]:
+    with ray_hosting(tmp_path_factory.mktemp("mcp-ray"), {"face": SCRIPT, "big": SCRIPT},
+                     profiles={"face": face_profile(), "big": big_profile()}) as hosting:
+        yield hosting
+
+
+@pytest.fixture(params=["local", pytest.param("ray", marks=pytest.mark.ray)])
+async def gw(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[LocalServer]:
+    server: contextlib.AbstractAsyncContextManager[LocalServer]
+    if request.param == "ray":
+        server = ray_server(request.getfixturevalue("ray_cluster"), auth_secret=SECRET)
+    else:
+        server = local_server(tmp_path / "s.sqlite3", SCRIPT, profile=face_profile(), others=((big_profile(), SCRIPT),),
+                              auth_secret=SECRET)
+    async with server as s:
+        yield s
+
+
+def names(listed: types.ListToolsResult) -> set[str]:
+    return {t.name for t in listed.tools}
+
+
+def leaves(group: BaseException) -> list[BaseException]:
+    """The exceptions an SDK client's task groups wrapped."""
+    if isinstance(group, BaseExceptionGroup):
+        return [leaf for e in group.exceptions for leaf in leaves(e)]
+    return [group]
+
+
+def text_of(result: types.CallToolResult) -> dict[str, Any]:
+    block = result.content[0]
+    assert isinstance(block, types.TextContent)
+    return dict(json.loads(block.text))
+
+
+# -- initialize and tools/list -------------------------------------------------------------------------------
+
+
+async def test_initialize_and_tools_list_in_observe_and_execute(gw: LocalServer) -> None:
+    url = mcp_url(gw.url)
+    async with mcp_session(url, token("alice")) as (observe, init):
+        assert (init.meta or {})["reactgate/access"] == "observe" and "ask mode" in (init.instructions or "")
+        assert init.capabilities.tools is not None and init.capabilities.tools.list_changed
+        seen = names(await observe.list_tools())
+    async with mcp_session(url, token("alice", **EXECUTE)) as (execute, init):
+        assert (init.meta or {})["reactgate/access"] == "execute"
+        full = await execute.list_tools()
+    async with mcp_session(url, token("alice", **EXECUTE), query="?access=observe") as (lowered, init):
+        assert (init.meta or {})["reactgate/access"] == "observe"   # a client may lower its mode, never raise it
+        assert names(await lowered.list_tools()) == seen
+
+    available = {"demo.weather", "demo.search", "demo.clock", "demo.sleep", "demo.focus_project", "react.ask_user"}
+    assert seen == available                                       # no write tool in observe
+    assert names(full) == available | {"demo.write_note"}          # render: only when focused; eval: needs a code channel
+    note = next(t for t in full.tools if t.name == "demo.write_note")
+    assert note.input_schema["properties"]["text"]["type"] == "string"
+    assert (note.meta or {})["reactgate/policy"]["route"] == "write" and note.annotations and not note.annotations.read_only_hint
+
+
+async def test_a_state_transition_sends_list_changed(gw: LocalServer) -> None:
+    changed = asyncio.Event()
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            changed.set()
+
+    async with mcp_session(mcp_url(gw.url), token("alice", **EXECUTE), on_message=on_message) as (s, _):
+        assert "demo.render" not in names(await s.list_tools())
+        result = await s.call_tool("demo.focus_project", {"name": "atlas"})
+        assert not result.is_error and result.structured_content == {"project": "atlas", "state": "focused"}
+        await asyncio.wait_for(changed.wait(), TIMEOUT)
+        assert "demo.render" in names(await s.list_tools())
+
+
+async def test_search_capabilities_on_a_large_catalog(gw: LocalServer) -> None:
+    async with mcp_session(mcp_url(gw.url), token("alice", **EXECUTE), query="?agent=big") as (s, init):
+        assert names(await s.list_tools()) == {"react.ask_user", "demo.clock", "search_capabilities"}
+        found = await s.call_tool("search_capabilities", {"query": "weather for a city"})
+        assert not found.is_error
+        capabilities = (found.structured_content or {})["capabilities"]
+        first = capabilities[0]
+        assert (first["id"], first["route"], first["trait"]) == ("demo.weather", "read", "exploration")
+        assert len(first["digest"]) == 12 and first["inputSchema"]["required"] == ["city"]
+        note = (await s.call_tool("search_capabilities", {"query": "store a note"})).structured_content or {}
+        assert [(c["id"], c["route"], c["confirm"]) for c in note["capabilities"]][:1] == [("demo.write_note", "write", True)]
+        cid = conversation_of(init)
+        assert await gw.log(cid) == []                       # the search ran nothing and logged nothing
+        weather = await s.call_tool("demo.weather", {"city": "Paris"})   # found by search, called by its id
+        assert weather.structured_content == {"city": "Paris", "condition": "rain", "temp_c": 12}
+
+
+# -- refusals: the same notice the model would read -------------------------------------------------------------
+
+
+async def test_a_write_tool_in_observe_is_denied_with_the_ask_mode_notice(gw: LocalServer) -> None:
+    async with mcp_session(mcp_url(gw.url), token("alice")) as (s, init):
+        denied = await s.call_tool("demo.write_note", {"text": "milk"})
+        assert denied.is_error
+        assert text_of(denied) == {"code": "ASK_MODE_DENIED", "tool_id": "demo.write_note",
+                                   "message": "demo.write_note writes, and the conversation is in ask mode; it was not run"}
+        log = [(e.event, getattr(e.data, "error", None)) for e in await gw.log(conversation_of(init))]
+        assert log == [("tool.call", None), ("tool.result", "ASK_MODE_DENIED")]
+
+
+async def test_a_call_the_trait_matrix_forbids_is_denied_with_its_notice(gw: LocalServer) -> None:
+    async with mcp_session(mcp_url(gw.url), token("alice", **EXECUTE)) as (s, init), gw.client(token("alice")) as owner:
+        cid = conversation_of(init)
+        await owner.subscribe(cid)
+        await s.call_tool("demo.focus_project", {"name": "atlas"})
+        exploring = asyncio.create_task(s.call_tool("demo.sleep", {"seconds": 120}))   # exploration, in flight
+        await owner.event(cid, "tool.call", tool_id="demo.sleep")
+        denied = await s.call_tool("demo.render", {"source": "report", "format": "pdf"})
+        assert denied.is_error
+        assert text_of(denied) == {
+            "code": "multi_action.incompatible_traits", "tool_id": "demo.render",
+            "message": "demo.render (exploitation) cannot share a round with demo.sleep (exploration); it was not run"}
+        exploring.cancel()                                     # no exploration in flight any more
+        await owner.event(cid, "tool.result", tool_id="demo.sleep")
+        rendered = await s.call_tool("demo.render", {"source": "report", "format": "pdf"})
+        assert rendered.structured_content == {"artifact": "report.pdf"}
+        coded = await s.call_tool("demo.eval", {})             # not offered: it reads a code channel
+        assert coded.is_error and text_of(coded)["code"] == "protocol_violation.tool_call_invalid"
+
+
+# -- the exploration budget -----------------------------------------------------------------------------------
+
+
+async def test_the_exploration_budget_stops_a_client_that_keeps_exploring(gw: LocalServer) -> None:
+    async with mcp_session(mcp_url(gw.url), token("alice", **EXECUTE)) as (s, init), gw.client(token("alice")) as owner:
+        cid = conversation_of(init)
+        await owner.subscribe(cid)
+        for city in ("Paris", "Tokyo", "Paris"):               # the cap is 3
+            assert not (await s.call_tool("demo.weather", {"city": city})).is_error
+        over = await s.call_tool("demo.weather", {"city": "Tokyo"})
+        assert over.is_error and text_of(over) == {"error": "EXPLORATION_BUDGET_REACHED", "cap": 3}
+        again = await s.call_tool("demo.search", {"query": "rain"})
+        assert again.is_error and text_of(again)["code"] == "exploration_budget.confirmation_required"
+
+        # The budget question goes to the conversation's owner, who stops the exploration.
+        question = asyncio.create_task(s.call_tool("react.ask_user", {
+            "question": "[[EXPLORATION_BUDGET]] keep exploring?", "options": ["Continue exploring", "Stop for now"]}))
+        asked = await owner.event(cid, "ask_user")
+        assert asked["data"]["client"] == {"face": "mcp", "name": "pytest-agent"}
+        await owner.request(type="answer", conversation_id=cid, ask_id=asked["data"]["ask_id"], answer="Stop for now")
+        assert (await question).structured_content == {"answer": "Stop for now"}
+
+        stopped = await s.call_tool("demo.weather", {"city": "Paris"})
+        assert stopped.is_error and text_of(stopped)["code"] == "tool_unavailable"
+        assert "stopped exploration" in text_of(stopped)["message"]
+        assert not names(await s.list_tools()) & {"demo.weather", "demo.search", "demo.sleep"}
+
+
+# -- execute confirmation ---------------------------------------------------------------------------------------
+
+
+async def test_a_confirm_tool_approved_and_denied_through_elicitation(gw: LocalServer) -> None:
+    answers = ["Approve", "Deny", "Approve"]
+    asked: list[str] = []
+
+    async def elicit(ctx: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={"decision": answers[len(asked) - 1]})
+
+    async with mcp_session(mcp_url(gw.url), token("alice", **EXECUTE), elicit=elicit) as (s, init):
+        first = await s.call_tool("demo.write_note", {"text": "milk"})
+        denied = await s.call_tool("demo.write_note", {"text": "eggs"})
+        second = await s.call_tool("demo.write_note", {"text": "bread"})
+        log = await gw.log(conversation_of(init))
+    # The note count is the side-effect counter: the approved calls ran once each, the denied one never.
+    assert first.structured_content == {"stored": True, "count": 1}
+    assert denied.is_error and text_of(denied)["error"] == "denied_by_user" and text_of(denied)["decision"] == "denied"
+    assert second.structured_content == {"stored": True, "count": 2}
+    assert len(asked) == 3 and asked[0].startswith("Run demo.write_note?")
+    decisions = [e.data.decision for e in log if e.event == "trace"]  # type: ignore[union-attr]
+    assert decisions == ["approved", "denied", "approved"]
+    assert not any(e.event == "ask_user" for e in log)      # the client's user decided: the owner was not asked
+
+
+async def test_without_elicitation_the_owner_approves_on_ws(gw: LocalServer) -> None:
+    async with mcp_session(mcp_url(gw.url), token("alice", **EXECUTE)) as (s, init), gw.client(token("alice")) as owner:
+        cid = conversation_of(init)
+        await owner.subscribe(cid)
+        call = asyncio.create_task(s.call_tool("demo.write_note", {"text": "milk"}))
+        asked = await owner.event(cid, "ask_user", kind="approval")
+        assert (asked["data"]["tool_id"], asked["data"]["params"]) == ("demo.write_note", {"text": "milk"})
+        assert not call.done()                                 # it waits for the owner's yes
+        await owner.request(type="answer", conversation_id=cid, ask_id=asked["data"]["ask_id"], answer="Approve")
+        assert (await call).structured_content == {"stored": True, "count": 1}
+
+
+async def test_a_call_sent_again_with_its_call_id_runs_once(gw: LocalServer) -> None:
+    asked: list[str] = []
+
+    async def elicit(ctx: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={"decision": "Approve"})
+
+    key = {"reactgate/call_id": "note-1"}
+    url = mcp_url(gw.url)
+    async with mcp_session(url, token("alice", **EXECUTE), elicit=elicit) as (s, init):
+        cid = conversation_of(init)
+        first = await s.call_tool("demo.write_note", {"text": "milk"}, meta=key)
+        again = await s.call_tool("demo.write_note", {"text": "milk"}, meta=key)
+    async with mcp_session(url, token("alice", **EXECUTE), query=f"?conversation_id={cid}", elicit=elicit) as (s, _):
+        later = await s.call_tool("demo.write_note", {"text": "milk"}, meta=key)     # a new session: a retry
+        other = await s.call_tool("demo.write_note", {"text": "eggs"})
+    assert first.structured_content == again.structured_content == later.structured_content == {"stored": True, "count": 1}
+    assert other.structured_content == {"stored": True, "count": 2}      # the note counter: "milk" was stored once
+    assert len(asked) == 2
+    assert [e.data.tool_id for e in await gw.log(cid) if e.event == "tool.call"] == ["demo.write_note"] * 2  # type: ignore[union-attr]
+
+
+# -- the log: every external call, attributed, seen by the conversation's subscribers ------------------------------
+
+
+async def test_a_ws_subscriber_of_the_bound_conversation_sees_every_external_call(gw: LocalServer) -> None:
+    async with gw.client(token("alice")) as owner:
+        cid = await owner.open()
+        await owner.subscribe(cid)
+        async with mcp_session(mcp_url(gw.url), token("alice", **EXECUTE), query=f"?conversation_id={cid}",
+                               name="cursor") as (s, init):
+            assert conversation_of(init) == cid
+            await s.call_tool("demo.weather", {"city": "Paris"})
+            await s.call_tool("demo.weather", {"city": "Atlantis"})       # the tool fails: an error observation
+            await s.call_tool("demo.render", {"source": "x", "format": "pdf"})   # refused: not in this state
+        await owner.until(lambda: len([e for e in owner.events.get(cid, []) if e["event"] == "tool.result"]) == 3 or None)
+    events = owner.events[cid]
+    calls = [e["data"] for e in events if e["event"] == "tool.call"]
+    results = [e["data"] for e in events if e["event"] == "tool.result"]
+    assert [c["tool_id"] for c in calls] == ["demo.weather", "demo.weather", "demo.render"]
+    assert [c["call_id"] for c in calls] == [r["call_id"] for r in results]
+    assert [(r["ok"], r.get("error")) for r in results] == [(True, None), (False, "tool_error"), (False, "tool_unavailable")]
+    assert all(e["data"]["client"] == {"face": "mcp", "name": "cursor"} for e in events)
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    assert [e["seq"] for e in events] == [e.seq for e in await gw.log(cid)]   # the same log, durable
+
+
+async def test_the_agents_own_mcp_servers_tools_are_offered_under_the_same_rules(tmp_path: Path) -> None:
+    """The agent of docs/examples/notes.toml, whose tools are an MCP server of its own: the face offers
+    them with the same governance. (Local backend only: the face calls the same `Backend` methods on
+    both, and the tool pool is the one the agent's turns use.)"""
+    agent = await load_agent(REPO / "docs" / "examples" / "notes.toml")
+    settings = Settings(host="127.0.0.1", port=0, backend="local", store=store_url(tmp_path / "s.sqlite3"),
+                        auth_secret=SECRET)
+    server = GatewayServer(settings, local_backend(settings, AgentSetup(agent.profile, agent.registry, None)))
+    host, port = await server.start()
+    try:
+        url = f"http://{host}:{port}/mcp"
+        async with mcp_session(url, token("alice", **EXECUTE)) as (s, init):
+            assert {"notes.read_note", "notes.list_notes", "notes.write_note", "notes.delete_note"} <= names(
+                await s.list_tools())
+            written = await s.call_tool("notes.write_note", {"key": "shopping", "text": "milk"})
+            assert written.structured_content == {"key": "shopping", "replaced": False, "count": 1}
+            read = await s.call_tool("notes.read_note", {"key": "shopping"})
+            assert read.structured_content == {"key": "shopping", "text": "milk"}
+            log = await server.backend.store.read_events(conversation_of(init), 0, limit=100)  # type: ignore[attr-defined]
+            assert [(e.event, e.data.tool_id) for e in log] == [  # type: ignore[union-attr]
+                ("tool.call", "notes.write_note"), ("tool.result", "notes.write_note"),
+                ("tool.call", "notes.read_note"), ("tool.result", "notes.read_note")]
+        async with mcp_session(url, token("alice")) as (s, _):   # the profile's default: observe
+            assert "notes.write_note" not in names(await s.list_tools())
+            denied = await s.call_tool("notes.delete_note", {"key": "shopping"})
+            assert denied.is_error and text_of(denied)["code"] == "ASK_MODE_DENIED"
+    finally:
+        await server.drain()
+
+
+# -- refusals at initialize, like /ws --------------------------------------------------------------------------------
+
+
+async def test_a_foreign_token_or_a_foreign_conversation_is_refused_at_initialize(gw: LocalServer) -> None:
+    url = mcp_url(gw.url)
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "probe", "version": "1"}}}
+    headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    async with mcp_session(url, token("alice")) as (_, init):
+        cid = conversation_of(init)
+    async with httpx2.AsyncClient(timeout=30) as http:
+        wrong_key = await http.post(url, json=initialize, headers={
+            **headers, "Authorization": f"Bearer {token('alice', secret='another-secret-of-at-least-32-bytes!!')}"})
+        assert (wrong_key.status_code, wrong_key.text) == (401, "unauthorized: invalid token\n")
+        missing = await http.post(url, json=initialize, headers=headers)
+        assert missing.status_code == 401 and missing.text.startswith("unauthorized: missing token")
+        foreign = await http.post(url + f"?conversation_id={cid}", json=initialize,
+                                  headers={**headers, "Authorization": f"Bearer {token('bob')}"})
+        assert foreign.status_code == 403
+        assert foreign.json() == {"type": "error", "code": "forbidden", "message": "forbidden: no such conversation for this caller",
+                                  "id": foreign.json()["id"], "conversation_id": cid}   # /ws's error frame, as is
+        unknown = await http.post(url + "?conversation_id=c_AAAAAAAAAAAAAAAAAAAAAA", json=initialize,
+                                  headers={**headers, "Authorization": f"Bearer {token('bob')}"})
+        assert (unknown.status_code, unknown.json()["message"]) == (403, foreign.json()["message"])  # exists or not: the same
+    with pytest.raises(ExceptionGroup) as refused:            # the SDK client gets no session either
+        async with mcp_session(url, token("bob"), query=f"?conversation_id={cid}"):
+            pass
+    assert [type(e) for e in leaves(refused.value)] == [MCPError]
+
+
+async def test_a_new_conversation_at_initialize_counts_against_the_open_conversations_quota(tmp_path: Path) -> None:
+    """The quota `open` checks on /ws (docs/design.md#quotas) refuses a session that would open one more:
+    429 and /ws's quota_exceeded frame. (Local backend: the Ray cluster's quotas are its RayConfig's.)"""
+    async with local_server(tmp_path / "s.sqlite3", SCRIPT, profile=face_profile(), auth_secret=SECRET,
+                            quota_open_conversations_per_user=1) as gw:
+        url = mcp_url(gw.url)
+        async with mcp_session(url, token("alice")) as (_, init):
+            cid = conversation_of(init)
+        async with httpx2.AsyncClient(timeout=30) as http:
+            refused = await http.post(url, json=INITIALIZE, headers={**MCP_HEADERS, "Authorization": f"Bearer {token('alice')}"})
+        assert refused.status_code == 429
+        assert (refused.json()["code"], refused.json()["quota"], refused.json()["scope"]) == (
+            "quota_exceeded", "open_conversations", "user")
+        async with mcp_session(url, token("alice"), query=f"?conversation_id={cid}") as (_, again):   # its own: fine
+            assert conversation_of(again) == cid
+
+
+async def test_the_origin_rules_are_those_of_ws(gw: LocalServer) -> None:
+    url = mcp_url(gw.url)
+    own = f"http://{gw.host}:{gw.port}"                    # the gateway's own pages may connect; others may not
+    async with httpx2.AsyncClient(timeout=30) as http:
+        preflight = await http.options(url, headers={"Origin": own, "Access-Control-Request-Method": "POST"})
+        assert preflight.status_code == 204 and preflight.headers["access-control-allow-origin"] == own
+        assert "mcp-session-id" in preflight.headers["access-control-allow-headers"]
+        foreign = await http.options(url, headers={"Origin": "https://evil.example"})
+        assert (foreign.status_code, foreign.text) == (403, "forbidden: origin not allowed\n")
+        page = {**MCP_HEADERS, "Authorization": f"Bearer {token('alice')}"}
+        refused = await http.post(url, json=INITIALIZE, headers={**page, "Origin": "https://evil.example"})
+        assert (refused.status_code, refused.text) == (403, "forbidden: origin not allowed\n")
+        opened = await http.post(url, json=INITIALIZE, headers={**page, "Origin": own})
+        assert opened.status_code == 200 and opened.headers["mcp-session-id"]
+        assert "mcp-session-id" in opened.headers["access-control-expose-headers"]
+
+
+async def test_another_callers_token_cannot_use_a_session(gw: LocalServer) -> None:
+    url = mcp_url(gw.url)
+    headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "probe", "version": "1"}}}
+    async with httpx2.AsyncClient(timeout=30) as http:
+        opened = await http.post(url, json=initialize, headers={**headers, "Authorization": f"Bearer {token('alice')}"})
+        session_id = opened.headers["mcp-session-id"]
+        listed = {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}
+        probe = await http.post(url, json=listed, headers={
+            **headers, "Authorization": f"Bearer {token('bob')}", "mcp-session-id": session_id,
+            "mcp-protocol-version": "2025-06-18"})
+        assert (probe.status_code, probe.text) == (404, "Session not found\n")
+
+
+# -- a crash --------------------------------------------------------------------------------------------------------
+
+
+async def test_a_call_a_crash_cut_gets_its_result_when_the_conversation_comes_back(tmp_path: Path) -> None:
+    """`reactgate serve` is SIGKILLed while an external call runs; a new process on the same store
+    activates the conversation, and the call observes `round_interrupted`: every tool.call keeps its one
+    tool.result (docs/design.md#mcp-face). Local backend: the Ray host's death is another test's."""
+    (tmp_path / "face.toml").write_text(PROFILE.format(name="face", face="", timeout_s=30))
+    (tmp_path / "script.json").write_text(json.dumps(SCRIPT))
+    args = ["--agent", str(tmp_path / "face.toml"), "--script", str(tmp_path / "script.json")]
+    env = {"REACTGATE_AUTH_SECRET": SECRET}
+    first = ServeProcess(tmp_path / "store.sqlite3", tmp_path / "first.log", args=args, env=env)
+    second = ServeProcess(tmp_path / "store.sqlite3", tmp_path / "second.log", args=args, env=env)
+    bound: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    async def long_call() -> None:
+        async with mcp_session(mcp_url(first.url), token("alice", **EXECUTE)) as (s, init):
+            bound.set_result(conversation_of(init))
+            await s.call_tool("demo.sleep", {"seconds": 600})
+
+    calling: asyncio.Task[None] | None = None
+    try:
+        await first.start()
+        calling = asyncio.create_task(long_call())
+        cid = await asyncio.wait_for(bound, TIMEOUT)
+        async with client(first.url, token("alice")) as owner:
+            await owner.subscribe(cid)
+            started = await owner.event(cid, "tool.call", tool_id="demo.sleep")
+            first.signal(signal.SIGKILL)
+            await first.wait()
+            await owner.closed()
+    finally:
+        first.stop()
+        if calling is not None:
+            calling.cancel()
+            with contextlib.suppress(BaseException):
+                await calling
+    try:
+        await second.start()
+        async with client(second.url, token("alice")) as owner:
+            await owner.subscribe(cid)
+            result = await owner.event(cid, "tool.result", call_id=started["data"]["call_id"])
+            assert (result["data"]["ok"], result["data"]["error"]) == (False, "round_interrupted")
+            assert result["data"]["client"] == {"face": "mcp", "name": "pytest-agent"}
+            assert [e["data"]["call_id"] for e in owner.events[cid] if e["event"] == "tool.result"] == [
+                started["data"]["call_id"]]                   # once
+    finally:
+        second.stop()
+
+
+# -- cancellation -------------------------------------------------------------------------------------------------
+
+
+async def test_cancelling_a_long_call_cuts_it(gw: LocalServer) -> None:
+    async with mcp_session(mcp_url(gw.url), token("alice", **EXECUTE)) as (s, init), gw.client(token("alice")) as owner:
+        cid = conversation_of(init)
+        await owner.subscribe(cid)
+        long = asyncio.create_task(s.call_tool("demo.sleep", {"seconds": 600}))
+        started = await owner.event(cid, "tool.call", tool_id="demo.sleep")
+        long.cancel()                                          # the SDK sends notifications/cancelled
+        result = await owner.event(cid, "tool.result", call_id=started["data"]["call_id"])
+        assert (result["data"]["ok"], result["data"]["error"]) == (False, "cancelled")
+        with pytest.raises(asyncio.CancelledError):
+            await long
+        after = await s.call_tool("demo.clock", {})           # the session goes on
+        assert not after.is_error
