@@ -67,7 +67,7 @@ from protocol.events import (
     UserSaid,
 )
 from protocol.frames import Mode
-from protocol.timeline import Block
+from protocol.timeline import Block, UserMessageBlock
 
 log = logging.getLogger("reactgate.conversation")
 MAX_EXTERNAL_REPLIES = 256   # finished external calls remembered, for a client's retry of one
@@ -97,6 +97,12 @@ class ConversationState(msgspec.Struct, kw_only=True):
     current: TurnProgress | None = None   # the running turn, resumed after a crash
     # External clients' sessions (docs/design.md#mcp-face): each one's budget, approvals and backstop
     external: dict[str, ExternalSession] = msgspec.field(default_factory=dict)
+
+    def holds_message(self, message_id: str) -> bool:
+        """This user message is here: queued, running, or in the timeline."""
+        return (any(m.message_id == message_id for m in self.queue)
+                or (self.current is not None and self.current.message_id == message_id)
+                or any(isinstance(b, UserMessageBlock) and b.message_id == message_id for b in self.timeline))
 
     def encode(self) -> bytes:
         return msgspec.msgpack.encode(self)

@@ -16,27 +16,33 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from actors.conversation import Conversation
+from actors.conversation import Conversation, QueuedMessage
+from actors.identity import Caller
 from actors.turn import Turn
 from actors.turn_machine import TurnProgress
 from protocol.events import (
     AnswerDelta,
     Event,
     Fallback,
+    MessageKind,
     RoundCompleted,
     ThinkingDelta,
     ToolCalled,
     ToolResult,
     TurnCompleted,
     TurnStarted,
+    UserSaid,
 )
 from protocol.timeline import UserMessageBlock
 
 
-def recover(conv: Conversation, tail: Sequence[Event]) -> None:
-    """Apply `tail` (the durable events after the snapshot's seq), then resume the conversation."""
+def recover(conv: Conversation, tail: Sequence[Event], caller: Caller | None = None) -> None:
+    """Apply `tail` (the durable events after the snapshot's seq), then resume the conversation.
+    `caller` stands for the sender of a message only the log holds (see `_requeue`)."""
     state = conv.state
     for event in tail:
+        if isinstance(event.data, UserSaid) and event.data.kind is not MessageKind.STEER:
+            _requeue(conv, event.data, caller)
         if isinstance(event.data, TurnStarted) and state.current is None:
             _adopt_started_turn(conv, event.data)
     if state.current is not None:
@@ -63,6 +69,16 @@ def _recover_external_calls(conv: Conversation, tail: Sequence[Event]) -> None:
         conv.interrupt_external_calls(cut)
     if cut:
         conv.save()
+
+
+def _requeue(conv: Conversation, said: UserSaid, caller: Caller | None) -> None:
+    """A message the durable log holds and the snapshot does not: its host applied it and died before
+    a checkpoint held it. Its idempotency key is in the store already, so the same message sent again
+    is a duplicate — dropping it here lost it for good (a host SIGKILLed under bench/soak.py: the
+    gateway's retry on the new host was acked `duplicate`, and no turn ever ran). It is queued again,
+    in log order, with the owner as its caller: the token's claims did not travel in the log."""
+    if not conv.state.holds_message(said.message_id):
+        conv.state.queue.append(QueuedMessage(said.message_id, said.text, {}, caller))
 
 
 def _adopt_started_turn(conv: Conversation, started: TurnStarted) -> None:

@@ -8,6 +8,10 @@ state with the message neither queued nor running — so the host-death hand-ove
 flight, and re-activation found the conversation idle: `turn.started`, then nothing, for good (seen
 as stuck turns in `bench/soak.py --backend ray --host-kill-every 30`).
 
+And the window before any checkpoint holds the message: its host applied it (the key remembered,
+`user.message` and `turn.started` durable) and died. Its resend, the gateway's own retry on the new
+host, was acked `duplicate` and no turn ever ran; now recovery queues it again from the log.
+
 The local backend over a real SQLite store; the first host is left hanging in the window, as a
 killed process would be (never closed, so it saves nothing more), and a second host on the same
 store takes over.
@@ -98,4 +102,51 @@ async def test_a_host_lost_before_the_turn_start_checkpoint_leaves_the_turn_to_b
             await second.stop()
     finally:
         held.release.set()
+        await first.stop()
+
+
+class NoSnapshots(SqliteStore):
+    """A store whose snapshot saves never finish: the host dies before any checkpoint holds the message."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.never = asyncio.Event()
+
+    async def save_snapshot(self, key: str, seq: int, data: bytes) -> None:
+        await self.never.wait()
+
+
+async def test_a_message_only_the_log_holds_is_queued_again_and_its_resend_is_a_duplicate(tmp_path: Path) -> None:
+    """The host applied the message (its key remembered, `user.message` and `turn.started` durable) and
+    died before a checkpoint held it. Re-activated elsewhere, the message runs once; the client's resend
+    — the gateway's own retry on the new host, or the client's — is acked `duplicate`, and nothing is lost."""
+    registry = demo_registry()
+    first_store = NoSnapshots(tmp_path / "window.db")
+    first = _backend(first_store, DurableTools(LocalToolExecutor(registry), first_store))
+    await first.start()
+    second_store = SqliteStore(tmp_path / "window.db")
+    second = _backend(second_store, DurableTools(LocalToolExecutor(registry), second_store))
+    try:
+        cid = (await first.open(OWNER, None, "window", None)).conversation_id
+        sent = asyncio.ensure_future(first.command(OWNER, cid, UserMessage("m1", "weather?")))  # never acked: the host "dies"
+        await second.start()
+        async with asyncio.timeout(30):
+            while not any(e.event == "turn.started" for e in await second_store.read_events(cid, 0)):
+                await asyncio.sleep(0.02)
+        # The first host is gone from here on; the second activates the conversation from the store.
+        assert await second.host.in_flight([cid]) == [cid]  # the hand-over resumes it, watched or not
+        watch = Watch(second, cid, owner=OWNER)
+        await second.open(OWNER, cid, None, None)
+        await watch.until_event("turn.completed", timeout=30)
+        assert await second.command(OWNER, cid, UserMessage("m1", "weather?")) == "duplicate"
+        await watch.stop()
+        log = await second_store.read_events(cid, 0)
+        assert contiguous(log)
+        assert [e.event for e in log].count("user.message") == 1
+        assert [e.data.user_message_id for e in log if e.event == "turn.started"] == ["m1"]  # type: ignore[union-attr]
+        assert [e.data.final_answer for e in log if e.event == "turn.completed"] == [ANSWER]  # type: ignore[union-attr]
+    finally:
+        sent.cancel()
+        await second.stop()
+        first_store.never.set()
         await first.stop()

@@ -52,7 +52,7 @@ from actors.hosting.backend import (
     UserMessage,
 )
 from actors.hosting.meter import Meter
-from actors.identity import Owner
+from actors.identity import Caller, Owner
 from actors.profile import AgentProfile
 from actors.quotas import QuotaExceeded, QuotaLimits
 from actors.recovery import recover
@@ -101,13 +101,6 @@ class _Active:
 
 
 _NOT_UNSETTLED: Any = object()
-
-
-def _holds_message(state: ConversationState, message_id: str) -> bool:
-    """The state holds this user message: queued, running, or in the timeline."""
-    return (any(m.message_id == message_id for m in state.queue)
-            or (state.current is not None and state.current.message_id == message_id)
-            or any(isinstance(b, UserMessageBlock) and b.message_id == message_id for b in state.timeline))
 
 
 def _consume(future: asyncio.Future[Any]) -> None:
@@ -269,7 +262,7 @@ class HostCore:
         if applied_in is _NOT_UNSETTLED:
             return False
         held = applied_in is active or (isinstance(command, UserMessage)
-                                        and _holds_message(active.conversation.state, command.id))
+                                        and active.conversation.state.holds_message(command.id))
         if not held:
             return True  # remembered, never applied (or applied by an activation the outage ended)
         await self._settle(active)
@@ -403,20 +396,22 @@ class HostCore:
 
     async def in_flight(self, conversation_ids: Sequence[str]) -> list[str]:
         """Those of `conversation_ids` with work a host's death cut: a turn running (or paused on
-        ask_user) or messages queued, as the last snapshot holds them (docs/design.md#host-death).
-        No false negative: a command is acked only once a snapshot holding it is durable, and a
-        turn's start is checkpointed; a turn that ended after its last snapshot is a harmless
-        false positive (recovery finds its `turn.completed`)."""
+        ask_user) or messages queued, as the last snapshot holds them — or a log that goes on past
+        the snapshot: a message its host applied before any checkpoint held it, which recovery
+        queues again (docs/design.md#recovery, #host-death). A turn that ended after its last
+        snapshot is a harmless false positive (recovery finds its `turn.completed`)."""
         found = []
         for cid in conversation_ids:
             if cid in self._active:
                 found.append(cid)
                 continue
             snapshot = await self.store.load_snapshot(cid)
-            if snapshot is None:
-                continue
-            state = ConversationState.decode(snapshot[1])
-            if state.current is not None or state.queue:
+            if snapshot is not None:
+                state = ConversationState.decode(snapshot[1])
+                if state.current is not None or state.queue:
+                    found.append(cid)
+                    continue
+            if await self.store.last_seq(cid) > (snapshot[0] if snapshot is not None else 0):
                 found.append(cid)
         return found
 
@@ -496,7 +491,7 @@ class HostCore:
         # A crash may have cut a turn after its last checkpoint (docs/design.md#recovery): apply the
         # log's tail, then resume whatever was running or queued.
         tail = await self.store.read_events(conversation_id, after, limit=last_seq - after) if last_seq > after else []
-        recover(conv, tail)
+        recover(conv, tail, Caller.of(owner))
         # A conversation busy again holds the slot it took before (its lease row); an idle one gives
         # back a slot a crash left taken (between its take and the checkpoint of its command).
         active.turn_slot = active.listed_running = conv.busy
