@@ -10,7 +10,9 @@ as stuck turns in `bench/soak.py --backend ray --host-kill-every 30`).
 
 And the window before any checkpoint holds the message: its host applied it (the key remembered,
 `user.message` and `turn.started` durable) and died. Its resend, the gateway's own retry on the new
-host, was acked `duplicate` and no turn ever ran; now recovery queues it again from the log.
+host, was acked `duplicate` and no turn ever ran; now recovery queues it again from the log. And
+earlier still: the key remembered, the `user.message` never durable — the resend is applied, not
+acked `duplicate`.
 
 The local backend over a real SQLite store; the first host is left hanging in the window, as a
 killed process would be (never closed, so it saves nothing more), and a second host on the same
@@ -144,6 +146,54 @@ async def test_a_message_only_the_log_holds_is_queued_again_and_its_resend_is_a_
         assert contiguous(log)
         assert [e.event for e in log].count("user.message") == 1
         assert [e.data.user_message_id for e in log if e.event == "turn.started"] == ["m1"]  # type: ignore[union-attr]
+        assert [e.data.final_answer for e in log if e.event == "turn.completed"] == [ANSWER]  # type: ignore[union-attr]
+    finally:
+        sent.cancel()
+        await second.stop()
+        first_store.never.set()
+        await first.stop()
+
+
+class NoEvents(SqliteStore):
+    """A store that remembers keys but never finishes an append: the host dies before the message's
+    `user.message` is durable."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.never = asyncio.Event()
+        self.remembered = asyncio.Event()
+
+    async def remember_key(self, *args: Any, **kwargs: Any) -> bool:
+        found = await super().remember_key(*args, **kwargs)
+        self.remembered.set()
+        return found
+
+    async def append_events(self, *args: Any, **kwargs: Any) -> Any:
+        await self.never.wait()
+
+
+async def test_a_message_whose_key_outlived_its_host_is_applied_when_sent_again(tmp_path: Path) -> None:
+    """The key is remembered in the store, the message is nowhere else: its host died before logging
+    it. Sent again to the new host, it is no duplicate: it is applied, and runs once."""
+    registry = demo_registry()
+    first_store = NoEvents(tmp_path / "window.db")
+    first = _backend(first_store, DurableTools(LocalToolExecutor(registry), first_store))
+    await first.start()
+    second_store = SqliteStore(tmp_path / "window.db")
+    second = _backend(second_store, DurableTools(LocalToolExecutor(registry), second_store))
+    try:
+        cid = (await first.open(OWNER, None, "window", None)).conversation_id
+        sent = asyncio.ensure_future(first.command(OWNER, cid, UserMessage("m1", "weather?")))  # never acked
+        await asyncio.wait_for(first_store.remembered.wait(), 30)
+        await second.start()
+        watch = Watch(second, cid, owner=OWNER)
+        assert await second.command(OWNER, cid, UserMessage("m1", "weather?")) == "accepted"
+        await watch.until_event("turn.completed", timeout=30)
+        assert await second.command(OWNER, cid, UserMessage("m1", "weather?")) == "duplicate"  # now a repeat
+        await watch.stop()
+        log = await second_store.read_events(cid, 0)
+        assert contiguous(log)
+        assert [e.event for e in log].count("user.message") == 1
         assert [e.data.final_answer for e in log if e.event == "turn.completed"] == [ANSWER]  # type: ignore[union-attr]
     finally:
         sent.cancel()

@@ -155,6 +155,7 @@ class HostCore:
         # Idempotency keys an outage left uncertain: remembered (maybe) but the command not acked.
         # The value: the activation that applied it, or None when it was not applied.
         self._unsettled: dict[tuple[str, str], _Active | None] = {}
+        self._applying: set[tuple[str, str]] = set()  # user messages between their key and their apply
         self._background: set[asyncio.Task[Any]] = set()   # deactivations and revivals after an outage
         self._closing = False
         self._closed = asyncio.Event()            # ends a revival's wait at once
@@ -190,6 +191,18 @@ class HostCore:
         repeat. During a store outage (docs/design.md#store-outage) raises StoreUnavailable, the
         command not applied — or applied, when only its checkpoint waits: sent again, it is then
         acked once that checkpoint is durable, never applied twice."""
+        if not isinstance(command, UserMessage):
+            return await self._command(conversation_id, command)
+        key = (conversation_id, command.id)
+        if key in self._applying:
+            return "duplicate"  # the same message again while its first copy is being applied here
+        self._applying.add(key)
+        try:
+            return await self._command(conversation_id, command)
+        finally:
+            self._applying.discard(key)
+
+    async def _command(self, conversation_id: str, command: Command) -> str:
         active = await self._ensure_active(conversation_id)
         refused = active.stalled()
         if refused is not None:  # its log waits for the store: nothing could be made durable now
@@ -260,7 +273,11 @@ class HostCore:
         key = (active.conversation.conversation_id, command.id)
         applied_in = self._unsettled.get(key, _NOT_UNSETTLED)
         if applied_in is _NOT_UNSETTLED:
-            return False
+            # Remembered by an activation that is gone. A message no state holds (not queued, running
+            # or in the timeline; recovery queues again every one the log holds) was never made
+            # durable: its host died between remembering the key and logging its `user.message`.
+            # Acked `duplicate`, it was lost (bench/soak.py, host kills): it is applied now.
+            return isinstance(command, UserMessage) and not active.conversation.state.holds_message(command.id)
         held = applied_in is active or (isinstance(command, UserMessage)
                                         and active.conversation.state.holds_message(command.id))
         if not held:
