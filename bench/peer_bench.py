@@ -83,6 +83,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from load_300 import free_port, tree_pids  # bench/ is on sys.path when a bench runs: /proc reading shared
+
 ROOT = Path(__file__).resolve().parent.parent
 PEER_DIR = Path(__file__).resolve().parent / "peer"
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "reactgate-bench"
@@ -634,31 +636,6 @@ def client_main(args: argparse.Namespace) -> int:
 # =====================================================================================================
 # The orchestrator (project venv)
 # =====================================================================================================
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _children() -> dict[int, list[int]]:
-    tree: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                stat = Path(f"/proc/{entry}/stat").read_text()
-                tree.setdefault(int(stat[stat.rindex(")") + 2:].split()[1]), []).append(int(entry))
-    return tree
-
-
-def tree_pids(pid: int) -> list[int]:
-    tree, out, todo = _children(), [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(tree.get(p, ()))
-    return out
 
 
 def tree_cpu_s(pid: int) -> float:
