@@ -204,11 +204,10 @@ async def test_the_ag_ui_client_against_a_real_gateway(js_gateway: dict[str, str
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("js_gateway", ["auth"], indirect=True)  # access modes are token claims
 async def test_the_mcp_sdk_client_against_a_real_gateway(js_gateway: dict[str, str]) -> None:
     """tests/js/mcp.test.mjs: @modelcontextprotocol/sdk's Client on /mcp (docs/design.md#mcp-face) —
     the tool list in observe and execute, list_changed, search_capabilities, the ask-mode notice, the
     exploration budget, approvals through elicitation, a /ws subscriber seeing the calls, a foreign
     conversation refused, a cancelled call. The access modes come from token claims: with auth only."""
-    if "REACTGATE_TOKEN" not in js_gateway:
-        pytest.skip("the access mode is a token claim: the MCP face's tests run on the gateway with auth")
     await run_node_tests(JS_TESTS / "mcp.test.mjs", js_gateway)
