@@ -452,6 +452,10 @@ class Conversation:
             while len(self.state.external) >= MAX_EXTERNAL_SESSIONS:  # the snapshot keeps the latest sessions
                 del self.state.external[next(iter(self.state.external))]
             session = self.state.external[session_id] = ExternalSession.new(session_id, client, access)
+        elif session.client != client:
+            # The client names itself at `initialize`, after the session's first view: its calls, and
+            # those recovery rebuilds from the snapshot after a crash, are attributed to that name.
+            session.client = client
         return ExternalRules.of(session, self.policies, self.agent_states)
 
     def external_view(self, session_id: str, client: ExternalClient, access: Access | None) -> ExternalView:

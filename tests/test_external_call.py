@@ -166,3 +166,12 @@ async def test_an_external_call_a_crash_cut_observes_round_interrupted() -> None
     assert [(r.call_id, r.error, r.client) for r in results] == [("mcp-1.7", "round_interrupted", CLIENT),
                                                                  ("mcp-1.8", "round_interrupted", CLIENT)]
     assert h.conv.state.external["mcp-1"].progress.pending == []
+
+
+def test_a_session_takes_the_name_its_client_gives_at_initialize() -> None:
+    """The face reads the session's first view before `initialize` names the client: the session the
+    snapshot keeps must carry the name, or a call recovery rebuilds from it is attributed to "unknown"."""
+    h = harness(rounds_script(answer_round("unused")))
+    h.conv.external_view("mcp-1", ExternalClient("mcp", "unknown"), Access.EXECUTE)
+    h.conv.external_view("mcp-1", CLIENT, Access.EXECUTE)
+    assert h.conv.state.external["mcp-1"].client == CLIENT
