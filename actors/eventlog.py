@@ -2,10 +2,12 @@
 (docs/design.md#event-log).
 
 - `seq` is assigned here, once an event is final, strictly increasing by 1 and never reused.
-- Coalescing: the first delta of a lane is final at once (time to first token); later deltas of
-  the same lane — same kind, turn and round — merge for `flush_interval_ms` from the first of
-  them (a timer ends the window). Any other event closes the open delta first, so order is
-  preserved.
+- Coalescing: a lane — deltas of one kind, turn and round — makes at most one event per
+  `flush_interval_ms`. A delta is final at once when its lane made no event within the interval (the
+  first of a lane, for time to first token, and every delta of a stream slower than the interval);
+  otherwise it opens a window that ends one interval after the lane's last event, and the deltas
+  until then merge into one (a timer ends the window). Any other event closes the open delta first,
+  so order is preserved.
 - Write-ahead rule: events go to subscribers only after `persist` returned (the store made them
   durable). No event reaches a client before it is durable (docs/design.md#write-ahead).
 - A round's raw output (`attach`) is persisted with the next batch, the one holding the round's
@@ -102,7 +104,7 @@ class EventLog:
         self._persist = persist
         self._clock = clock
         self._open: _OpenDelta | None = None
-        self._lanes_seen: set[tuple[type, str, int]] = set()
+        self._lane_final: tuple[tuple[type, str, int], float] | None = None   # the last delta event: lane, when
         self._outbox: list[Event] = []
         self._outputs: list[RoundOutput] = []   # ride with the next batch; never published
         self._subscribers: list[Publish] = []
@@ -162,17 +164,24 @@ class EventLog:
                 self._open.texts.append(data.text)
                 return
             self._close_open()
-            if lane not in self._lanes_seen or self._interval <= 0:
-                self._lanes_seen.add(lane)
-                self._final(data)  # the first delta of a lane goes at once
+            wait = self._window_left(lane)
+            if wait <= 0:
+                self._final(data)  # the lane made no event within the interval: this one goes at once
+                self._lane_final = (lane, self._monotonic())
                 return
             self._open = _OpenDelta(data, self._clock(), [data.text])
             self._idle.clear()
             # One timer per window, not a writer wake-up: an open delta needs no write until it ends.
-            asyncio.get_running_loop().call_later(self._interval, self._window_ended, self._open)
+            asyncio.get_running_loop().call_later(wait, self._window_ended, self._open)
             return
         self._close_open()
         self._final(data)
+
+    def _window_left(self, lane: tuple[type, str, int]) -> float:
+        """How long a delta of `lane` must wait: until one interval after the lane's last event."""
+        if self._interval <= 0 or self._lane_final is None or self._lane_final[0] != lane:
+            return 0.0
+        return self._lane_final[1] + self._interval - self._monotonic()
 
     def attach(self, output: RoundOutput) -> None:
         """A round's raw output, persisted in the same append as the next events: the caller emits
@@ -193,6 +202,7 @@ class EventLog:
             open_delta, self._open = self._open, None
             if self._failure is None and not self._keeps_nothing:
                 self._final(open_delta.event_data(), open_delta.ts)
+                self._lane_final = (open_delta.lane(), self._monotonic())
 
     def _final(self, data: EventData, ts: float | None = None) -> None:
         self.last_seq += 1

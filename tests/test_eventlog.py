@@ -188,6 +188,42 @@ async def test_an_open_delta_is_published_when_its_window_ends() -> None:
     await log.close()
 
 
+async def test_a_delta_after_a_quiet_interval_goes_at_once() -> None:
+    """A stream slower than the window is never held: a lane makes at most one event per interval,
+    and a delta that comes when the lane made none within it is final at once (docs/design.md#event-log)."""
+    now = [0.0]
+    log = EventLog("c", flush_interval_ms=LONG_MS, monotonic=lambda: now[0])
+    published = Published()
+    log.subscribe(published)
+    log.emit(delta("a"))
+    now[0] = LONG_MS / 1000           # one interval after the lane's last event
+    log.emit(delta("b"))
+    await published.until(2)          # no flush, and a LONG_MS window would have held it
+    now[0] += LONG_MS / 1000 / 2      # within the interval: held, and merged with what follows
+    log.emit(delta("c"))
+    log.emit(delta("d"))
+    log.emit(delta("X", ThinkingDelta))   # another lane: goes at once, after the open delta
+    await published.until(4)
+    assert published.shape() == [(1, "answer.delta", "a"), (2, "answer.delta", "b"), (3, "answer.delta", "cd"),
+                                 (4, "thinking.delta", "X")]
+    await log.close()
+
+
+async def test_a_window_ends_one_interval_after_the_lanes_last_event() -> None:
+    """The wait is what is left of the interval since the lane's last event, not a whole interval
+    from the held delta: the timer is asked for the rest."""
+    now = [0.0]
+    log = EventLog("c", flush_interval_ms=LONG_MS, monotonic=lambda: now[0])
+    published = Published()
+    log.subscribe(published)
+    log.emit(delta("a"))
+    now[0] = LONG_MS / 1000 - 0.01    # 10 ms of the window left
+    log.emit(delta("b"))
+    await published.until(2)          # released by its timer within the 5 s `until` allows, not 60 s
+    assert published.shape() == [(1, "answer.delta", "a"), (2, "answer.delta", "b")]
+    await log.close()
+
+
 async def test_a_zero_window_sends_every_delta_as_its_own_event() -> None:
     log = EventLog("c", flush_interval_ms=0)
     published = Published()
