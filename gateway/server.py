@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import gc
 import inspect
 import logging
 import mimetypes
@@ -51,7 +50,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
-from actors import tracing
+from actors import heap, tracing
 from actors.hosting.backend import Backend, ConfigurationReplaced
 from actors.identity import Owner
 from actors.quotas import QuotaExceeded, Scope, connection_refusal, scope_key
@@ -227,10 +226,7 @@ class GatewayServer:
         self.backend.on_replaced = self._on_replaced
         await self.backend.start()
         self._backend_started = True
-        # What is loaded by now (LiteLLM, the agent, the backend) lives as long as the process: out of
-        # the collector's sight, a full collection no longer walks it on the event loop (it stalled
-        # every stream for 200–330 ms, about once a second, at 300 conversations: bench/README.md, `load_300.py`).
-        gc.freeze()
+        heap.settle()   # what is loaded by now lives as long as the process (actors/heap.py)
         self.metrics.config.info({"generation": self.backend.generation or "local"})
         try:
             self._server = await serve(

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import os
 import uuid
@@ -26,7 +25,7 @@ from typing import Any
 
 import ray
 
-from actors import tracing
+from actors import heap, tracing
 from actors.conversation import Runtime
 from actors.external_call import Access, ExternalCall, ExternalReply, ExternalView
 from actors.hosting.backend import Command, ConfigurationReplaced
@@ -118,7 +117,7 @@ class ConversationHost:
                 core.start()
                 self._core = core
                 self._start_heartbeat()
-                gc.freeze()  # the loaded process out of the collector's sight: as in gateway/server.py
+                heap.settle()  # the loaded process out of the collector's sight (actors/heap.py)
         return self._core
 
     async def _claim(self, conversation_id: str) -> None:
