@@ -6,6 +6,10 @@
     # --no-stop (every N, even after a failing one)  --flush-ms MS (25)  --sqlite-sync FULL|NORMAL  --event-loop L
     # --peer-log-level L (WARNING)  --peer-allow-blocking  --rebuild-peer
     # --keep DIR (logs and per-run client results)  --py-spy DIR (raw py-spy profiles of every server process)
+    # --client-procs K (the users over K client processes)  --pin (taskset: server on CPU 0, mock and clients on 1)
+    # --mock-impl ticker|sleep
+    flock /tmp/reactgate-heavy.lock .venv/bin/python bench/peer_bench.py --systems local,relay --pin --client-procs 4 \
+        --ramp 100,200,300,500,1000 --no-stop      # issue 23's 1,000-conversation run
 
 Everything runs on this machine, on loopback ports picked free, and stops by itself:
 
@@ -16,7 +20,10 @@ Everything runs on this machine, on loopback ports picked free, and stops by its
   is `KK:T;` — its index and the wall-clock µs at which the mock wrote it — so a client computes the
   delivery latency of every chunk (mock emit → client receive, one clock) and checks every chunk
   arrived once and in order. The existing `reactgate mock-llm` cannot embed an emit time per chunk:
-  this mock is the one every system uses. Its CPU is printed per run.
+  this mock is the one every system uses. Its CPU is printed per run. One ticker paces every stream (a
+  heap of due times, one timer, at most a wake-up per ms) and writes each due chunk straight to its
+  transport in aiohttp's chunked framing: the same bytes at the same times as an `asyncio.sleep` and an
+  aiohttp write per stream per chunk (`--mock-impl sleep`, kept for comparison), for ~40% less CPU.
 - **reactgate local / ray**: `reactgate serve --backend B` (every quota off, a fresh SQLite store), an
   agent with `decision = "native"` (the model's own function calls), the one tool `demo.weather`,
   `preamble_hold_chars = 0` (no preamble hold: the mock writes none), `flush_interval_ms = 25` (the
@@ -51,7 +58,14 @@ first answer chunk received: it includes the tool round, 4 fragments at 50 ms); 
 duplicated or out of order after a rejoin (and in all other turns). Then: the largest N with
 p99 ≤ 250 ms and every turn complete (the ramp stops at a system's first failing N; `--no-stop`
 runs them all), the ratios reactgate / peer at each N both ran, and reactgate's CPU per chunk as a
-multiple of the relay's. The runs go by N, then by system, so that the systems compared at one N run
+multiple of the relay's. `--client-procs K` splits the users over K client processes (user g in process
+g mod K, on the one schedule; the cut users drawn over all N): client 0 runs the warm-up turn, every
+process says READY, the orchestrator takes its CPU marks and says GO to all at once, and the window
+ends when the last says LOAD END; counts are summed, percentiles taken over all the processes' samples,
+the client CPU summed. `--pin` starts the server through `taskset -c 0` (Ray's processes inherit the
+mask; every process's mask is read back and printed as the load ends) and the mock, the clients and the
+orchestrator on CPU 1: then the mock's and the client's CPU columns say whether CPU 1 (the load side)
+or CPU 0 (the server) is the limit. The runs go by N, then by system, so that the systems compared at one N run
 minutes apart, under the same load of the (shared) machine; the machine's load average is printed
 per run.
 
@@ -68,6 +82,7 @@ import hashlib
 import json
 import math
 import os
+import queue
 import random
 import re
 import shutil
@@ -76,6 +91,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -147,8 +163,9 @@ api_key_env = "{key_env}"
 # =====================================================================================================
 
 
-def mock_main(port: int) -> int:
+def mock_main(port: int, impl: str = "ticker") -> int:
     import gc
+    import heapq
 
     from aiohttp import web
 
@@ -157,28 +174,106 @@ def mock_main(port: int) -> int:
             "id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": int(time.time()), "model": "mock",
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}, separators=(",", ":")).encode() + b"\n\n"
 
+    # The bytes `chunk` makes for an answer chunk and a tool-call fragment, as templates (the ticker's):
+    # %d created, then the text's index and µs; checked against `chunk` below.
+    answer_first = (b'data: {"id":"chatcmpl-bench","object":"chat.completion.chunk","created":%d,"model":"mock",'
+                    b'"choices":[{"index":0,"delta":{"role":"assistant","content":"%02d:%d;"},"finish_reason":null}]}\n\n')
+    answer_next = answer_first.replace(b'"role":"assistant",', b"")
+    fragments = [b'data: {"id":"chatcmpl-bench","object":"chat.completion.chunk","created":%d,"model":"mock",'
+                 b'"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":'
+                 + json.dumps(f).encode() + b'}}]},"finish_reason":null}]}\n\n' for f in TOOL_ARGS]
+    def same(template: bytes, made: bytes) -> None:      # the templates write what `chunk` writes, `created` aside
+        def created(b: bytes) -> bytes:
+            return re.sub(rb'"created":\d+', b'"created":0', b)
+        assert created(template) == created(made), (template, made)
+
+    same(answer_first % (0, 0, 7), chunk({"role": "assistant", "content": "00:7;"}))
+    same(answer_next % (0, 12, 7), chunk({"content": "12:7;"}))
+    for f, fragment in zip(fragments, TOOL_ARGS, strict=True):
+        same(f % 0, chunk({"tool_calls": [{"index": 0, "function": {"arguments": fragment}}]}))
+
+    class Stream:
+        """One response's timed chunks, written by the ticker straight to the transport (aiohttp's chunked framing)."""
+
+        __slots__ = ("answering", "done", "k", "n", "t0", "transport", "writer")
+
+        def __init__(self, t0: float, n: int, answering: bool, writer: Any, transport: Any) -> None:
+            self.t0, self.k, self.n, self.answering = t0, 0, n, answering
+            self.writer, self.transport = writer, transport
+            self.done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+
+    # One ticker for every stream instead of an asyncio.sleep per stream per chunk: a heap of due times, one timer
+    # handle; a wake-up writes every chunk then due (each stamped as it is written), at most one wake-up per ms
+    # (epoll's timeout resolution: the per-stream sleeps were no finer).
+    heap: list[tuple[float, int, Stream]] = []
+    serial = iter(range(1 << 62))
+    timer: list[Any] = [None, math.inf]        # the handle, its time
+
+    def arm(when: float) -> None:
+        if when < timer[1]:
+            if timer[0] is not None:
+                timer[0].cancel()
+            timer[0], timer[1] = asyncio.get_running_loop().call_at(when, tick), when
+
+    def tick() -> None:
+        loop = asyncio.get_running_loop()
+        timer[0], timer[1] = None, math.inf
+        now = loop.time()
+        while heap and heap[0][0] <= now:
+            _, _, s = heapq.heappop(heap)
+            if s.done.done():               # its handler was cancelled: the reader went away
+                continue
+            transport = s.transport
+            if transport is None or transport.is_closing():
+                s.done.set_result(False)
+                continue
+            if transport.get_write_buffer_size() > 0x10000:     # aiohttp's drain limit: the reader is behind
+                heapq.heappush(heap, (now + 0.001, next(serial), s))
+                continue
+            if s.k == 0 and s.answering:
+                s.writer.send_headers()     # aiohttp holds the headers back until the first body write
+            t_ns = time.time_ns()
+            if s.answering:
+                data = (answer_first if s.k == 0 else answer_next) % (t_ns // 1_000_000_000, s.k, t_ns // 1000)
+            else:
+                data = fragments[s.k] % (t_ns // 1_000_000_000)
+            transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+            s.k += 1
+            if s.k == s.n:
+                s.done.set_result(True)
+            else:
+                heapq.heappush(heap, (s.t0 + (s.k + 1) * CHUNK_S, next(serial), s))
+        if heap:
+            arm(max(heap[0][0], now + 0.001))
+
     async def completions(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         messages = body.get("messages") or []
         answering = bool(messages) and messages[-1].get("role") == "tool"
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await response.prepare(request)
+        writer = await response.prepare(request)
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        if answering:
+        if not answering:
+            await response.write(chunk({"role": "assistant", "content": None, "tool_calls": [
+                {"index": 0, "id": f"call_{os.urandom(6).hex()}", "type": "function",
+                 "function": {"name": TOOL_NAME, "arguments": ""}}]}))
+        if impl == "ticker":
+            s = Stream(t0, ANSWER_CHUNKS if answering else len(TOOL_ARGS), answering, writer, request.transport)
+            heapq.heappush(heap, (t0 + CHUNK_S, next(serial), s))
+            arm(t0 + CHUNK_S)
+            if not await s.done:
+                return response             # the reader went away
+        elif answering:
             for k in range(ANSWER_CHUNKS):
                 await asyncio.sleep(max(0.0, t0 + (k + 1) * CHUNK_S - loop.time()))
                 text = f"{k:02d}:{time.time_ns() // 1000};"
                 await response.write(chunk({"role": "assistant", "content": text} if k == 0 else {"content": text}))
-            await response.write(chunk({}, "stop"))
         else:
-            await response.write(chunk({"role": "assistant", "content": None, "tool_calls": [
-                {"index": 0, "id": f"call_{os.urandom(6).hex()}", "type": "function",
-                 "function": {"name": TOOL_NAME, "arguments": ""}}]}))
             for k, fragment in enumerate(TOOL_ARGS):
                 await asyncio.sleep(max(0.0, t0 + (k + 1) * CHUNK_S - loop.time()))
                 await response.write(chunk({"tool_calls": [{"index": 0, "function": {"arguments": fragment}}]}))
-            await response.write(chunk({}, "tool_calls"))
+        await response.write(chunk({}, "stop" if answering else "tool_calls"))
         if (body.get("stream_options") or {}).get("include_usage"):
             await response.write(b"data: " + json.dumps({
                 "id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": int(time.time()), "model": "mock",
@@ -341,6 +436,9 @@ def relay_main(port: int, mock_url: str) -> int:
 # =====================================================================================================
 
 
+loads: Any = json.loads     # the clients' frame decoder: msgspec's where it is installed (client_main), same dicts
+
+
 @dataclass
 class TurnTrack:
     """One turn's answer chunks, judged as they arrive."""
@@ -385,16 +483,20 @@ class TurnTrack:
         return self.cut_at is not None and not self.after_cut and self.delivered >= self.cut_at
 
 
+async def ws_connect(url: str, protocol: str | None = None) -> Any:
+    from websockets.asyncio.client import connect
+    from websockets.typing import Subprotocol
+    return await connect(url, subprotocols=[Subprotocol(protocol)] if protocol else None, compression=None,
+                         max_size=None, ping_interval=None, open_timeout=60)
+
+
 class ReactgateUser:
     def __init__(self, url: str) -> None:
         self.url, self.cid, self.last_seq, self.n = url, None, 0, 0
         self.ws: Any = None
 
     async def _connect(self) -> None:
-        from websockets.asyncio.client import connect
-        from websockets.typing import Subprotocol
-        self.ws = await connect(self.url, subprotocols=[Subprotocol("reactgate.v1")], compression=None, max_size=None,
-                                ping_interval=None, open_timeout=60)
+        self.ws = await ws_connect(self.url, "reactgate.v1")
 
     async def _send(self, frame: dict[str, Any]) -> None:
         await self.ws.send(json.dumps(frame))
@@ -416,7 +518,7 @@ class ReactgateUser:
         track.sent = time.time()
         await self._send({"type": "user_message", "id": mid, "conversation_id": self.cid, "text": MESSAGE})
         while True:
-            frame = json.loads(await self.ws.recv())
+            frame = loads(await self.ws.recv(decode=False))
             kind = frame.get("type")
             if kind == "event":
                 seq = frame["seq"]
@@ -449,19 +551,20 @@ class ReactgateUser:
 
 
 class RelayUser(ReactgateUser):
+    async def _connect(self) -> None:
+        self.ws = await ws_connect(self.url)
+
     async def setup(self) -> None:
-        from websockets.asyncio.client import connect
-        self.ws = await connect(self.url, compression=None, max_size=None, ping_interval=None, open_timeout=60)
+        await self._connect()
         await self._send({"t": "open"})
         self.cid = json.loads(await self.ws.recv())["cid"]
         await self._send({"t": "sub", "cid": self.cid, "after": 0})
 
     async def turn(self, track: TurnTrack) -> None:
-        from websockets.asyncio.client import connect
         track.sent = time.time()
         await self._send({"t": "say", "cid": self.cid})
         while True:
-            frame = json.loads(await self.ws.recv())
+            frame = loads(await self.ws.recv(decode=False))
             if frame["seq"] <= self.last_seq:
                 continue
             self.last_seq = frame["seq"]
@@ -470,7 +573,7 @@ class RelayUser(ReactgateUser):
                 if track.should_cut:
                     await self.ws.close()
                     track.after_cut = True
-                    self.ws = await connect(self.url, compression=None, max_size=None, ping_interval=None)
+                    await self._connect()
                     await self._send({"t": "sub", "cid": self.cid, "after": self.last_seq})
             elif frame["t"] == "done":
                 track.done = True
@@ -545,23 +648,40 @@ class PeerUser:
         pass
 
 
-async def client_run(kind: str, url: str, users: int, seconds: float, cut_fraction: float, seed: int) -> dict[str, Any]:
+async def client_run(kind: str, url: str, users: int, seconds: float, cut_fraction: float, seed: int,
+                     index: int = 0, procs: int = 1) -> dict[str, Any]:
+    """This process's share of `users` (every `procs`-th user from `index`), started on the common schedule: user g
+    at g * ramp / users after GO. The cut users are drawn over all the users with `seed` (the same draw in every
+    client process, so the total is the cut fraction); each process draws its cut points with a seed of its own."""
     make: Any = {"reactgate": ReactgateUser, "relay": RelayUser, "peer": PeerUser}[kind]
+    n_cut = min(users, math.ceil(users * cut_fraction)) if cut_fraction > 0 else 0
     rng = random.Random(seed)
+    cut_users = set(rng.sample(range(users), n_cut))
+    if index:
+        rng = random.Random(seed * 1000 + index)
+    mine = range(index, users, procs)
     errors: list[str] = []
+    setup_failed = 0
 
-    # One warm-up turn, not counted: the server's first turn loads what it loads lazily.
-    warm = make(url)
-    await warm.setup()
-    t = TurnTrack(time.time())
-    await asyncio.wait_for(warm.turn(t), 120)
-    await warm.close()
-    if not t.done or t.failure:
-        errors.append(f"warm-up turn: {t.failure or 'not done'}")
+    if index == 0:
+        # One warm-up turn, not counted: the server's first turn loads what it loads lazily.
+        warm = make(url)
+        await warm.setup()
+        t = TurnTrack(time.time())
+        await asyncio.wait_for(warm.turn(t), 120)
+        await warm.close()
+        if not t.done or t.failure:
+            errors.append(f"warm-up turn: {t.failure or 'not done'}")
+    elif kind == "peer":
+        PeerUser.shared_client(url)
+    else:
+        import websockets.asyncio.client  # noqa: F401  # imported before the load, as the warm-up does in client 0
+    # Every client process says READY after its warm-up; the orchestrator takes its marks and says GO to all at once.
+    print("READY", flush=True)
+    if not await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline):
+        raise SystemExit("no GO: the orchestrator went away")
     print("LOAD START", flush=True)
 
-    n_cut = min(users, math.ceil(users * cut_fraction)) if cut_fraction > 0 else 0
-    cut_users = set(rng.sample(range(users), n_cut))
     ramp = min(5.0, seconds / 4)
     t0 = time.time()
     deadline = t0 + seconds
@@ -570,7 +690,8 @@ async def client_run(kind: str, url: str, users: int, seconds: float, cut_fracti
     peers: list[Any] = []
 
     async def user(i: int) -> None:
-        await asyncio.sleep(i * ramp / users)
+        nonlocal setup_failed
+        await asyncio.sleep(max(0.0, t0 + i * ramp / users - time.time()))
         u = make(url)
         peers.append(u)
         try:
@@ -592,31 +713,27 @@ async def client_run(kind: str, url: str, users: int, seconds: float, cut_fracti
                 if track.failure and len(errors) < 20:
                     errors.append(track.failure)
         except Exception as exc:             # reported
+            setup_failed += 1
             if len(errors) < 20:
                 errors.append(f"user setup: {type(exc).__name__}: {exc}"[:200])
         finally:
             with contextlib.suppress(Exception):
                 await u.close()
 
-    await asyncio.gather(*(user(i) for i in range(users)))
+    await asyncio.gather(*(user(i) for i in mine))
     wall = time.time() - t0
     print("LOAD END", flush=True)
     if PeerUser.client is not None:
         await PeerUser.client.aclose()
 
     normal = [x for x in tracks if x.cut_at is None]
-    lat = sorted(v for x in tracks for v in x.latencies)
-    ttft = sorted(x.first - x.sent for x in tracks if x.first is not None and x.cut_at is None)
     done = [x for x in tracks if x.done and not x.failure]
-
-    def pct(values: list[float], q: float) -> float | None:
-        return values[min(len(values) - 1, int(q * len(values)))] * 1000 if values else None
-
+    # The raw samples (ms), so that the orchestrator merges the processes' percentiles exactly.
     return {
-        "kind": kind, "users": users, "seconds": seconds, "wall_s": wall, "turns": len(tracks), "turns_done": len(done),
-        "turns_failed": len(tracks) - len(done), "chunks": sum(x.delivered for x in tracks),
-        "lat_p50_ms": pct(lat, 0.50), "lat_p99_ms": pct(lat, 0.99), "lat_max_ms": pct(lat, 1.0),
-        "ttft_p50_ms": pct(ttft, 0.50), "ttft_p99_ms": pct(ttft, 0.99),
+        "kind": kind, "users": len(mine), "seconds": seconds, "wall_s": wall, "turns": len(tracks), "turns_done": len(done),
+        "turns_failed": len(tracks) - len(done), "setup_failed": setup_failed, "chunks": sum(x.delivered for x in tracks),
+        "lat": [round(v * 1000, 3) for x in tracks for v in x.latencies],
+        "ttft": [round((x.first - x.sent) * 1000, 3) for x in tracks if x.first is not None and x.cut_at is None],
         "cuts": len(cut_tracks), "cut_done": sum(1 for x in cut_tracks if x.done and not x.failure),
         "cut_lost": sum(ANSWER_CHUNKS - len(x.seen) for x in cut_tracks if x.done),
         "cut_dup": sum(x.dup for x in cut_tracks), "cut_ooo": sum(x.ooo for x in cut_tracks),
@@ -627,9 +744,35 @@ async def client_run(kind: str, url: str, users: int, seconds: float, cut_fracti
     }
 
 
+SUMMED = ("turns", "turns_done", "turns_failed", "setup_failed", "chunks", "cuts", "cut_done", "cut_lost", "cut_dup", "cut_ooo", "lost",
+          "dup", "ooo")
+
+
+def merge_results(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The client processes' results as one: counts summed, percentiles over all their samples."""
+    lat = sorted(v for p in parts for v in p["lat"])
+    ttft = sorted(v for p in parts for v in p["ttft"])
+
+    def pct(values: list[float], q: float) -> float | None:
+        return values[min(len(values) - 1, int(q * len(values)))] if values else None
+
+    return {"kind": parts[0]["kind"], "users": sum(p["users"] for p in parts), "seconds": parts[0]["seconds"],
+            "wall_s": max(p["wall_s"] for p in parts), "procs": len(parts)} \
+        | {k: sum(p[k] for p in parts) for k in SUMMED} \
+        | {"lat_p50_ms": pct(lat, 0.50), "lat_p99_ms": pct(lat, 0.99), "lat_max_ms": pct(lat, 1.0),
+           "ttft_p50_ms": pct(ttft, 0.50), "ttft_p99_ms": pct(ttft, 0.99),
+           "rejoins": [r for p in parts for r in p["rejoins"]],
+           "errors": [f"[client {i}] {e}" if len(parts) > 1 else e for i, p in enumerate(parts) for e in p["errors"]][:20]}
+
+
 def client_main(args: argparse.Namespace) -> int:
-    result = asyncio.run(client_run(args.kind, args.url, args.users, args.seconds, args.cut_fraction, args.seed))
-    Path(args.out).write_text(json.dumps(result), encoding="utf-8")
+    global loads
+    with contextlib.suppress(ImportError):
+        import msgspec
+        loads = msgspec.json.decode
+    result = asyncio.run(client_run(args.kind, args.url, args.users, args.seconds, args.cut_fraction, args.seed,
+                                    args.index, args.procs))
+    Path(args.out).write_text(json.dumps(result, separators=(",", ":")), encoding="utf-8")
     return 0
 
 
@@ -759,6 +902,7 @@ class Row:
     mock_cpu_s: float = 0.0
     client_cpu_s: float = 0.0
     wall_s: float = 0.0
+    steady: tuple[float, float] | None = None   # server, mock + clients: shares of a core over the steady part
     failure: str | None = None
     load: float = field(default_factory=lambda: os.getloadavg()[0])   # the machine's, as the run ends
 
@@ -776,6 +920,7 @@ class Row:
     def passes(self, bar_ms: float) -> bool:
         r = self.result
         return r is not None and self.failure is None and r["turns_failed"] == 0 and r["turns"] > 0 \
+            and not r.get("setup_failed") \
             and r["lat_p99_ms"] is not None and r["lat_p99_ms"] <= bar_ms
 
     def verdict(self, bar_ms: float) -> str:
@@ -785,6 +930,8 @@ class Row:
         why = []
         if r.get("turns_failed"):
             why.append(f"{r['turns_failed']} turns failed")
+        if r.get("setup_failed"):
+            why.append(f"{r['setup_failed']} users never connected")
         if r.get("lat_p99_ms") is None or r["lat_p99_ms"] > bar_ms:
             why.append(f"p99>{bar_ms:g}")
         return "PASS" if not why else "FAIL " + ", ".join(why)
@@ -805,7 +952,7 @@ def run_one(system: str, users: int, args: argparse.Namespace, work: Path, mock:
                 profile.write_text(AGENT_PROFILE.format(api_base=mock_url, key_env=MOCK_KEY_ENV, flush_ms=args.flush_ms),
                                    encoding="utf-8")
                 server = stack.enter_context(started(
-                    [*reactgate_cmd(), "serve", "--backend", system, "--port", str(port), "--agent", str(profile),
+                    [*pin(args, SERVER_CPU), *reactgate_cmd(), "serve", "--backend", system, "--port", str(port), "--agent", str(profile),
                      "--store", f"sqlite:///{run_dir}/store.sqlite3?synchronous={args.sqlite_sync}"],
                     env | QUOTAS_OFF | {MOCK_KEY_ENV: "loopback-mock"}
                     | ({"REACTGATE_EVENT_LOOP": args.event_loop} if args.event_loop else {}), run_dir / "server.log"))
@@ -814,7 +961,7 @@ def run_one(system: str, users: int, args: argparse.Namespace, work: Path, mock:
                 url = f"ws://127.0.0.1:{port}/ws"
             elif system == "relay":
                 server = stack.enter_context(started(
-                    [sys.executable, __file__, "_relay", "--port", str(port), "--mock", mock_url], env,
+                    [*pin(args, SERVER_CPU), sys.executable, __file__, "_relay", "--port", str(port), "--mock", mock_url], env,
                     run_dir / "server.log"))
                 wait_until_up(server, port, "relay", run_dir / "server.log")
                 url, kind = f"ws://127.0.0.1:{port}", "relay"
@@ -829,7 +976,7 @@ def run_one(system: str, users: int, args: argparse.Namespace, work: Path, mock:
                         if not k.startswith(("LANGSMITH_", "LANGCHAIN_", "LANGGRAPH_", "OPENAI_", "LANGGRAPH_CLOUD"))}
                 penv |= PEER_OFFLINE_ENV | {"PEER_BENCH_MOCK_URL": mock_url, "LOG_LEVEL": args.peer_log_level}
                 server = stack.enter_context(started(
-                    [str(peer.python), "serve.py", "dev", "--no-browser", "--no-reload", "--host", "127.0.0.1",
+                    [*pin(args, SERVER_CPU), str(peer.python), "serve.py", "dev", "--no-browser", "--no-reload", "--host", "127.0.0.1",
                      "--port", str(port), "--n-jobs-per-worker", str(max(users, 10)), "--config", "langgraph.json",
                      *(["--allow-blocking"] if args.peer_allow_blocking else [])],
                     penv, run_dir / "server.log", cwd=app))
@@ -841,40 +988,125 @@ def run_one(system: str, users: int, args: argparse.Namespace, work: Path, mock:
         before = tree_cpu_s(server.pid)
         time.sleep(IDLE_S)
         idle = (tree_cpu_s(server.pid) - before) / IDLE_S
-        out = run_dir / "client.json"
-        client = subprocess.Popen(
-            [client_python, __file__, "_client", "--kind", kind, "--url", url, "--users", str(users), "--seconds",
-             str(args.seconds), "--cut-fraction", str(args.cut_fraction), "--seed", str(args.seed), "--out", str(out)],
-            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=(run_dir / "client.err").open("wb"),
-            stdin=subprocess.DEVNULL, start_new_session=True)
+        procs = max(1, min(args.client_procs, users))
+        outs = [run_dir / f"client-{k}.json" for k in range(procs)]
+        errs = [run_dir / f"client-{k}.err" for k in range(procs)]
+        clients = [subprocess.Popen(
+            [*pin(args, CLIENT_CPU), client_python, __file__, "_client", "--kind", kind, "--url", url, "--users",
+             str(users), "--index", str(k), "--procs", str(procs), "--seconds", str(args.seconds), "--cut-fraction",
+             str(args.cut_fraction), "--seed", str(args.seed), "--out", str(outs[k])],
+            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=errs[k].open("wb"), stdin=subprocess.PIPE,
+            start_new_session=True) for k in range(procs)]
+        lines: queue.Queue[tuple[int, str | None]] = queue.Queue()
+
+        def read(k: int, pipe: Any) -> None:
+            for line in pipe:
+                lines.put((k, line.decode(errors="replace").strip()))
+            lines.put((k, None))
+
+        for k, c in enumerate(clients):
+            threading.Thread(target=read, args=(k, c.stdout), daemon=True).start()
         spies: list[subprocess.Popen[bytes]] = []
         marks: dict[str, tuple[float, float, float, float]] = {}
+        seen: dict[str, set[int]] = {"READY": set(), "LOAD END": set()}
+        ended: set[int] = set()
+        pinning = ""
+
+        def mark() -> tuple[float, float, float, float]:
+            return (time.monotonic(), tree_cpu_s(server.pid), tree_cpu_s(mock.pid), sum(tree_cpu_s(c.pid) for c in clients))
+
+        # The warm-up (client 0's) and every client's start before the first mark; the marks: when all are READY
+        # (then GO to all at once) and when the last says LOAD END. One load window for all the client processes.
+        # And the steady part: from every user started (the ramp's end) to the last turn's start (S s after GO),
+        # with no drain tail of slow last turns in it: the share of each core then says which side is the limit.
+        deadline = time.monotonic() + START_TIMEOUT_S + 2 * args.seconds + 300
+        steady_at: list[tuple[str, float]] = []
         try:
-            assert client.stdout is not None
-            for line in client.stdout:
-                mark = line.decode(errors="replace").strip()
-                if mark in ("LOAD START", "LOAD END"):
-                    marks[mark] = (time.monotonic(), tree_cpu_s(server.pid), tree_cpu_s(mock.pid), tree_cpu_s(client.pid))
-                    if mark == "LOAD START" and args.py_spy:
-                        spies = py_spy(server.pid, Path(args.py_spy) / f"{system}-{users}", args.seconds)
-            client.wait(60)
-        except subprocess.TimeoutExpired:
-            pass
+            while len(ended) < procs and time.monotonic() < deadline:
+                if steady_at and time.monotonic() >= steady_at[0][1]:
+                    marks[steady_at.pop(0)[0]] = mark()
+                try:
+                    k, line = lines.get(timeout=min(1.0, max(0.0, steady_at[0][1] - time.monotonic()))
+                                        if steady_at else 1.0)
+                except queue.Empty:
+                    continue
+                if line is None:
+                    ended.add(k)
+                    if k not in seen["LOAD END"]:
+                        break               # a client exited before its load ended: reported below
+                    continue
+                if line in seen:
+                    seen[line].add(k)
+                    if len(seen[line]) < procs:
+                        continue
+                    if line == "READY":
+                        marks["LOAD START"] = mark()
+                        go = marks["LOAD START"][0]
+                        steady_at = [("STEADY START", go + min(5.0, args.seconds / 4) + 0.5),
+                                     ("STEADY END", go + args.seconds)]
+                        for c in clients:
+                            assert c.stdin is not None
+                            with contextlib.suppress(OSError):
+                                c.stdin.write(b"GO\n")
+                                c.stdin.flush()
+                        if args.py_spy:
+                            spies = py_spy(server.pid, Path(args.py_spy) / f"{system}-{users}", args.seconds)
+                    else:
+                        marks["LOAD END"] = mark()
+                        pinning = affinity_report(server.pid, mock.pid, clients) if args.pin else ""
+            for c in clients:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    c.wait(60)
         finally:
-            if client.poll() is None:
-                os.killpg(client.pid, signal.SIGKILL)
-                client.wait()
+            for c in clients:
+                if c.poll() is None:
+                    os.killpg(c.pid, signal.SIGKILL)
+                    c.wait()
             for s in spies:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     s.wait(30)
-        if "LOAD END" not in marks or not out.exists():
+        if pinning:
+            print(f"  {pinning}", flush=True)
+        missing = [k for k in range(procs) if not outs[k].exists()]
+        if "LOAD END" not in marks or missing:
+            k = missing[0] if missing else 0
             return Row(system, users, None, server_idle=idle,
-                       failure=f"client exited {client.returncode}: " + tail(run_dir / "client.err", 1).strip()
-                       + f" (the whole of it: {run_dir / 'client.err'}; the server's log: {run_dir / 'server.log'})")
-        result = json.loads(out.read_text())
+                       failure=f"client {k} exited {clients[k].returncode}: " + tail(errs[k], 1).strip()
+                       + f" (the whole of it: {errs[k]}; the server's log: {run_dir / 'server.log'})")
+        result = merge_results([json.loads(o.read_text()) for o in outs])
+        (run_dir / "client.json").write_text(json.dumps(result), encoding="utf-8")
         (m0, s0, k0, c0), (m1, s1, k1, c1) = marks["LOAD START"], marks["LOAD END"]
+        steady = None
+        if "STEADY START" in marks and "STEADY END" in marks:
+            (n0, t0, q0, d0), (n1, t1, q1, d1) = marks["STEADY START"], marks["STEADY END"]
+            steady = ((t1 - t0) / (n1 - n0), ((q1 - q0) + (d1 - d0)) / (n1 - n0))
         return Row(system, users, result, server_cpu_s=s1 - s0, server_idle=idle, mock_cpu_s=k1 - k0,
-                   client_cpu_s=c1 - c0, wall_s=m1 - m0)
+                   client_cpu_s=c1 - c0, wall_s=m1 - m0, steady=steady)
+
+
+SERVER_CPU, CLIENT_CPU = 0, 1
+
+
+def pin(args: argparse.Namespace, cpu: int) -> list[str]:
+    """`taskset -c CPU` before a command under --pin: it sets the mask and execs it (same pid); children inherit it."""
+    return ["taskset", "-c", str(cpu)] if args.pin else []
+
+
+def affinity_report(server: int, mock: int, clients: list[subprocess.Popen[bytes]]) -> str:
+    """Each process's CPU mask as the load ends (Ray's processes started by then), read back from the kernel."""
+    def masks(pids: list[int]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for p in pids:
+            with contextlib.suppress(OSError):
+                key = ",".join(map(str, sorted(os.sched_getaffinity(p))))
+                out[key] = out.get(key, 0) + 1
+        return out
+
+    def say(what: str, m: dict[str, int]) -> str:
+        return f"{what} " + "; ".join(f"{n} on CPU {cpus}" for cpus, n in sorted(m.items()))
+
+    return ("pinning: " + say("server tree", masks(tree_pids(server))) + " | " + say("mock", masks(tree_pids(mock)))
+            + " | " + say("clients", masks([p for c in clients for p in tree_pids(c.pid)])))
 
 
 def py_spy(pid: int, prefix: Path, seconds: float) -> list[subprocess.Popen[bytes]]:
@@ -897,8 +1129,9 @@ def py_spy(pid: int, prefix: Path, seconds: float) -> list[subprocess.Popen[byte
 
 
 COLUMNS = ("system", "N", "turns", "chunks", "p50 ms", "p99 ms", "max ms", "TTFT p50", "TTFT p99",
-           "server µs/chunk", "server CPU", "idle", "mock µs/chunk", "client CPU", "cuts", "rejoin lost/dup/ooo",
-           "other lost/dup/ooo", "load", "verdict")
+           "server µs/chunk", "server CPU", "idle", "mock µs/chunk", "mock CPU", "client µs/chunk", "client CPU",
+           "steady server / load side", "cuts",
+           "rejoin lost/dup/ooo", "other lost/dup/ooo", "load", "verdict")
 
 
 def fmt(value: float | None, spec: str = ".0f") -> str:
@@ -910,11 +1143,14 @@ def cells(row: Row, bar_ms: float) -> list[str]:
     if r is None:
         return [row.system, str(row.users)] + ["-"] * (len(COLUMNS) - 3) + [row.verdict(bar_ms)]
     wall = row.wall_s or 1.0
-    return [row.system, str(row.users), f"{r['turns_done']}/{r['turns']}", f"{r['chunks']:,}",
+    return [row.system, str(row.users), f"{r['turns_done']}/{r['turns']}"
+            + (f" ({r['setup_failed']} users never connected)" if r.get("setup_failed") else ""), f"{r['chunks']:,}",
             fmt(r["lat_p50_ms"], ".1f"), fmt(r["lat_p99_ms"], ".1f"), fmt(r["lat_max_ms"], ".0f"),
             fmt(r["ttft_p50_ms"], ".0f"), fmt(r["ttft_p99_ms"], ".0f"), fmt(row.server_us),
             f"{row.server_cpu_s / wall:.0%}", f"{row.server_idle:.0%}", fmt(row.us_per_chunk(row.mock_cpu_s)),
-            f"{row.client_cpu_s / wall:.0%}", f"{r['cut_done']}/{r['cuts']}",
+            f"{row.mock_cpu_s / wall:.0%}", fmt(row.us_per_chunk(row.client_cpu_s)), f"{row.client_cpu_s / wall:.0%}",
+            f"{row.steady[0]:.0%} / {row.steady[1]:.0%}" if row.steady else "-",
+            f"{r['cut_done']}/{r['cuts']}",
             f"{r['cut_lost']}/{r['cut_dup']}/{r['cut_ooo']}", f"{r['lost']}/{r['dup']}/{r['ooo']}", f"{row.load:.1f}",
             row.verdict(bar_ms)]
 
@@ -971,6 +1207,9 @@ def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1].startswith("_"):
         sub = argparse.ArgumentParser()
         sub.add_argument("role", choices=["_mock", "_relay", "_client"])
+        sub.add_argument("--impl", default="ticker")
+        sub.add_argument("--index", type=int, default=0)
+        sub.add_argument("--procs", type=int, default=1)
         sub.add_argument("--port", type=int)
         sub.add_argument("--mock")
         sub.add_argument("--kind")
@@ -982,7 +1221,7 @@ def main() -> int:
         sub.add_argument("--out")
         a = sub.parse_args()
         if a.role == "_mock":
-            return mock_main(a.port)
+            return mock_main(a.port, a.impl)
         if a.role == "_relay":
             return relay_main(a.port, a.mock)
         return client_main(a)
@@ -1007,6 +1246,14 @@ def main() -> int:
                         help="`langgraph dev --allow-blocking`: no BlockBuster (the in-memory runtime's blocking-call "
                              "detector, on by default in dev)")
     parser.add_argument("--rebuild-peer", action="store_true", help="rebuild the peer's venv")
+    parser.add_argument("--client-procs", type=int, default=1, metavar="K",
+                        help="split the N users over K client processes (default 1), one load window for all")
+    parser.add_argument("--pin", action="store_true",
+                        help="taskset: the server (and every process it starts, Ray's) on CPU 0; the mock, the client "
+                             "processes and this orchestrator on CPU 1")
+    parser.add_argument("--mock-impl", choices=["ticker", "sleep"], default="ticker",
+                        help="the mock's pacing: one shared ticker writing straight to the transports (default), or an "
+                             "asyncio.sleep and an aiohttp write per stream per chunk (the first version; same bytes)")
     parser.add_argument("--py-spy", metavar="DIR", help="record raw py-spy profiles of every server process here")
     parser.add_argument("--keep", metavar="DIR", help="keep logs and client results here")
     args = parser.parse_args()
@@ -1015,11 +1262,22 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown systems: {sorted(unknown)}")
     ramp = [int(n) for n in args.ramp.split(",")]
+    if args.client_procs < 1:
+        parser.error("--client-procs must be at least 1")
+    if args.pin:
+        cpus = os.sched_getaffinity(0)
+        if len(cpus) < 2 or not {SERVER_CPU, CLIENT_CPU} <= cpus:
+            parser.error(f"--pin needs CPUs {SERVER_CPU} and {CLIENT_CPU}; this process may run on {sorted(cpus)} only")
+        if shutil.which("taskset") is None:
+            parser.error("--pin needs taskset (util-linux)")
     print(f"{', '.join(systems)}; N = {', '.join(map(str, ramp))}; {args.seconds:g} s of turns; a tool call in "
           f"{len(TOOL_ARGS)} fragments then {ANSWER_CHUNKS} answer chunks at {1 / CHUNK_S:g}/s; "
           f"{args.cut_fraction:.0%} of users cut and rejoin; reactgate flush_interval_ms {args.flush_ms}, SQLite "
           f"synchronous={args.sqlite_sync}; load average {os.getloadavg()[0]:.2f}; "
-          f"{os.cpu_count()} cores", flush=True)
+          f"{os.cpu_count()} cores; {args.client_procs} client process(es); mock pacing: {args.mock_impl}", flush=True)
+    if args.pin:
+        print(f"pinned (taskset): the server and its process tree (Ray's processes) on CPU {SERVER_CPU}; the mock, "
+              f"the client processes and this orchestrator on CPU {CLIENT_CPU}", flush=True)
     peer = None
     if "peer" in systems:
         peer = peer_venv(args.rebuild_peer)
@@ -1029,8 +1287,10 @@ def main() -> int:
         work = Path(args.keep) if args.keep else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="peerb")))
         work.mkdir(parents=True, exist_ok=True)
         mock_port = free_port()
-        mock = stack.enter_context(started([sys.executable, __file__, "_mock", "--port", str(mock_port)], base_env(),
-                                           work / "mock.log"))
+        if args.pin:
+            os.sched_setaffinity(0, {CLIENT_CPU})
+        mock = stack.enter_context(started([*pin(args, CLIENT_CPU), sys.executable, __file__, "_mock", "--port",
+                                            str(mock_port), "--impl", args.mock_impl], base_env(), work / "mock.log"))
         wait_until_up(mock, mock_port, "mock", work / "mock.log")
         mock_url = f"http://127.0.0.1:{mock_port}/v1"
         # By N, then system: the systems compared at one N run minutes apart, under the same load of the machine.
@@ -1053,8 +1313,9 @@ def main() -> int:
         print(f"peer: {peer.versions}" if peer.python else f"peer: FAILED to build: {peer.failure}")
     print_table(rows, args.p99_bar_ms)
     print("server µs/chunk: CPU of the server's process tree (Ray's processes included) / answer chunks delivered; "
-          "server/client CPU: % of one core over the load; idle: the server's own before it; mock µs/chunk: the mock's CPU "
-          "per delivered chunk; cuts: rejoined turns complete / cut; load: the machine's 1-min load average as the run ended.")
+          "server/mock/client CPU: % of one core over the load (client: all the client processes); idle: the server's own "
+          "before it; mock/client µs/chunk: their CPU per delivered chunk; steady: the server's and the load side's (mock + clients) "
+          "share of a core from every user started to S s after GO (no drain tail); cuts: rejoined turns complete / cut; load: the machine's 1-min load average as the run ended.")
     summary(rows, systems, args.p99_bar_ms)
     return 0 if all(r.failure is None for r in rows) else 1
 
