@@ -16,6 +16,7 @@ store's concurrency model, in its own module.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -288,7 +289,11 @@ class Statements:
 
 
 class SqliteStatements(Statements):
-    """SQLite only: an append is written row by row (`executemany`) and its stream row set."""
+    """SQLite only: an append alone is written row by row (`executemany`) and its stream row set; the
+    appends next to one another in a batch are written with one statement per table (`_many`), since
+    each statement is a round trip of the writer thread for the GIL (actors/store/sqlite.py)."""
+
+    MAX_ROWS = 1000    # rows of one multi-row statement: 5,000 parameters, far below SQLite's limit
 
     def __init__(self) -> None:
         super().__init__(SQLITE)
@@ -298,6 +303,28 @@ class SqliteStatements(Statements):
         self.insert_round_output = SQLITE.sql(
             _INSERT_ROUND_OUTPUTS + " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)" + _ROUND_OUTPUT_ONCE
         )
+
+    @staticmethod
+    @functools.lru_cache(maxsize=256)
+    def tombstoned(n: int) -> str:
+        return f"SELECT conversation_id FROM tombstones WHERE conversation_id IN ({', '.join('?' * n)})"
+
+    @staticmethod
+    @functools.lru_cache(maxsize=256)
+    def last_seqs(n: int) -> str:
+        """The streams' last_seqs as one JSON object: one row, whatever n."""
+        return ("SELECT json_group_object(conversation_id, last_seq) FROM streams"
+                f" WHERE conversation_id IN ({', '.join('?' * n)})")
+
+    @staticmethod
+    @functools.lru_cache(maxsize=256)
+    def insert_events(n: int) -> str:
+        return _INSERT_EVENTS + " VALUES " + ", ".join(("(?, ?, ?, ?, ?)",) * n)
+
+    @staticmethod
+    @functools.lru_cache(maxsize=256)
+    def set_last_seqs(n: int) -> str:
+        return _UPSERT_STREAMS + " VALUES " + ", ".join(("(?, ?)",) * n) + _SET_LAST_SEQ
 
 
 class PostgresStatements(Statements):
