@@ -268,7 +268,7 @@ def run_mock_server(script_path: str | Path, host: str = "127.0.0.1", port: int 
 
     async def serve() -> None:
         runner, bound = await start_mock_server(script, host, port)
-        gc.freeze()  # a provider does not pause every stream for a full collection (gateway/server.py)
+        gc.freeze()  # a provider does not pause every stream for a full collection (actors/heap.py)
         print(f"mock LLM playing {script_path} at http://{host}:{bound}/v1 "
               f"(LiteLLM model 'openai/<any>', api_base http://{host}:{bound}/v1; "
               f"'anthropic/<any>', api_base http://{host}:{bound})", flush=True)

@@ -9,8 +9,11 @@ saw is never lost, even to a power cut. NORMAL is there for hosts that accept th
 
 Threads. The sqlite3 module releases the GIL while SQLite works, so the hot path — a batch of
 appends — runs as one call on a dedicated writer thread holding the only write connection (one
-thread hop per batch, measured faster than aiosqlite's hop per statement). Reads run on a small
-pool of reader threads, each with its own connection: WAL lets them read while the writer commits.
+thread hop per batch, measured faster than aiosqlite's hop per statement). Each statement still
+releases and takes back the GIL, and a busy event loop hands it back only at its switch interval:
+adjacent appends are therefore written together, one statement per table (`_append_run`). Reads
+run on a small pool of reader threads, each with its own connection: WAL lets them read while the
+writer commits.
 
 Outages (docs/design.md#store-outage). A full disk, a lock held past `busy_timeout_ms` and an I/O
 error are a pause, not a failure: they are raised as `StoreUnavailable` (`sqlite_outage` says which
