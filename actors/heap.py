@@ -7,7 +7,7 @@ Two settings, taken once the process has loaded what it keeps (LiteLLM, the agen
 - `gc.set_threshold(*THRESHOLDS)`: a young collection every 50,000 net allocations instead of 700.
   Per delivered event the path allocates a few hundred short-lived objects (deltas, events, frames,
   futures); at 700, collections walked them about every other event, 7% of the server's CPU
-  (`perf`, bench/README.md#garbage-collector). Refcounting frees nearly all of them first; the
+  (`perf`: bench/profiles/peer-bench-local-100-perf.txt). Refcounting frees nearly all of them first; the
   collector still finds every cycle, later.
 """
 

@@ -1,5 +1,5 @@
 """The collector settings of a serving process (actors/heap.py): the gateway takes them once it has
-started, so that young collections do not walk every event's objects (bench/README.md#garbage-collector)."""
+started, so that young collections do not walk every event's objects (bench/profiles/peer-bench-local-100-perf.txt)."""
 
 from __future__ import annotations
 

@@ -290,7 +290,7 @@ class Statements:
 
 class SqliteStatements(Statements):
     """SQLite only: an append alone is written row by row (`executemany`) and its stream row set; the
-    appends next to one another in a batch are written with one statement per table (`_many`), since
+    appends next to one another in a batch are written with one statement per table (`_append_run`), since
     each statement is a round trip of the writer thread for the GIL (actors/store/sqlite.py)."""
 
     MAX_ROWS = 1000    # rows of one multi-row statement: 5,000 parameters, far below SQLite's limit

@@ -301,11 +301,9 @@ class SqliteStore:
                         outcomes.append(Outcome(value=run(conn)))
             except Exception as exc:
                 failure = exc
-            if failure is None:
-                pass
-            elif isinstance(failure, sqlite3.Error) and sqlite_outage(failure) is not None:
+            if isinstance(failure, sqlite3.Error) and sqlite_outage(failure) is not None:
                 raise failure
-            else:
+            if failure is not None:
                 conn.execute("ROLLBACK")
                 if len(ops) == 1:
                     return [Outcome(error=failure)]   # the rollback was its savepoint: nothing to commit
@@ -551,15 +549,18 @@ def _runs(ops: Sequence[WriteOp]) -> Iterator[WriteOp | list[_Append]]:
     """The ops of a batch in order, each run of adjacent appends of distinct conversations as one list:
     nothing moves past another op, so a batch's order is the order its ops were submitted in."""
     run: list[_Append] = []
+    in_run: set[str] = set()       # the run's conversations: a set, as a batch holds up to 512 ops
     for op in ops:
-        if isinstance(op, _Append) and all(a.conversation_id != op.conversation_id for a in run):
+        if isinstance(op, _Append) and op.conversation_id not in in_run:
             run.append(op)
+            in_run.add(op.conversation_id)
             continue
         if run:
             yield run if len(run) > 1 else run[0]
-        run = []
+        run, in_run = [], set()
         if isinstance(op, _Append):
             run.append(op)
+            in_run.add(op.conversation_id)
         else:
             yield op
     if run:
