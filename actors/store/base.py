@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Generic, Protocol, TypeVar, runtime_checkable
 
@@ -393,6 +393,26 @@ class Outcome:
 
     value: Any = None
     error: BaseException | None = None
+
+
+def judge_appends(appends: Sequence[tuple[str, int, int]], deleted: Collection[str], heads: dict[str, int]) -> list[Outcome]:
+    """The rule every store applies to appends (conversation, first seq, last seq), in submission
+    order, inside the transaction that commits them, against the durable log: an append to a
+    deleted conversation is refused (`Tombstoned`, docs/design.md#deletion), one that does not start
+    at its stream's last seq + 1 too (`SeqConflict`: a seq is never reused, whatever a caller
+    believes last_seq is). `heads`: each stream's last seq (absent: 0), moved by every accepted
+    append, so a second append of a stream in the same batch is judged against the first."""
+    outcomes: list[Outcome] = []
+    for conversation_id, first, last in appends:
+        head = heads.get(conversation_id, 0)
+        if conversation_id in deleted:
+            outcomes.append(Outcome(error=Tombstoned(conversation_id)))
+        elif first != head + 1:
+            outcomes.append(Outcome(error=SeqConflict(conversation_id, first, head)))
+        else:
+            heads[conversation_id] = last
+            outcomes.append(Outcome())
+    return outcomes
 
 
 def _consume(future: asyncio.Future[Any]) -> None:

@@ -55,7 +55,6 @@ from actors.store.base import (
     Outcome,
     QuotaRefused,
     RoundOutput,
-    SeqConflict,
     StoreClosed,
     StoreError,
     StoreHealth,
@@ -66,6 +65,7 @@ from actors.store.base import (
     decode_event,
     decode_output,
     encode_event_data,
+    judge_appends,
     listed,
     output_row,
     snapshot_keys,
@@ -658,21 +658,9 @@ async def _append_all(conn: Conn, appends: list[_Append]) -> list[Outcome]:
     cids = sorted({a.conversation_id for a in appends})
     deleted = await _deleted(conn, cids)  # before the streams rows: a delete locks in that order too
     cur = await conn.execute(SQL.lock_streams, (cids,))
-    current: dict[str, int] = dict.fromkeys(cids, 0)
-    current.update({cid: int(last) for cid, last in await cur.fetchall()})
-    outcomes: list[Outcome] = []
-    accepted: list[_Append] = []
-    for append in appends:
-        last = current[append.conversation_id]
-        if append.conversation_id in deleted:
-            outcomes.append(Outcome(error=Tombstoned(append.conversation_id)))
-            continue
-        if append.first != last + 1:
-            outcomes.append(Outcome(error=SeqConflict(append.conversation_id, append.first, last)))
-            continue
-        current[append.conversation_id] = append.last
-        accepted.append(append)
-        outcomes.append(Outcome())
+    current = {cid: int(last) for cid, last in await cur.fetchall()}
+    outcomes = judge_appends([(a.conversation_id, a.first, a.last) for a in appends], deleted, current)
+    accepted = [a for a, outcome in zip(appends, outcomes, strict=True) if outcome.error is None]
     if not accepted:
         return outcomes
     await conn.execute(

@@ -50,7 +50,6 @@ from actors.store.base import (
     Outcome,
     QuotaRefused,
     RoundOutput,
-    SeqConflict,
     StoreClosed,
     StoreHealth,
     StoreStats,
@@ -60,6 +59,7 @@ from actors.store.base import (
     decode_event,
     decode_output,
     encode_event_data,
+    judge_appends,
     listed,
     output_row,
     snapshot_keys,
@@ -519,13 +519,12 @@ def _append(
     conversation_id: str, rows: list[tuple[str, int, str, bytes, float]], output_rows: list[tuple[Any, ...]],
     conn: sqlite3.Connection,
 ) -> None:
-    # Checked inside the committing transaction, against the durable log: this is what keeps a seq
-    # from ever being reused, whatever any caller believes last_seq is.
-    _refuse_deleted(conversation_id, conn)
-    last = _last_seq(conversation_id, conn)
-    first = rows[0][1]
-    if first != last + 1:
-        raise SeqConflict(conversation_id, first, last)
+    # The one rule of appends (actors/store/base.py `judge_appends`), inside the committing transaction.
+    deleted = conn.execute(SQL.tombstone, (conversation_id,)).fetchone() is not None
+    (outcome,) = judge_appends([(conversation_id, rows[0][1], rows[-1][1])], {conversation_id} if deleted else (),
+                               {conversation_id: _last_seq(conversation_id, conn)})
+    if outcome.error is not None:
+        raise outcome.error
     conn.execute(SQL.set_last_seq, (conversation_id, rows[-1][1]))
     conn.executemany(SQL.insert_event, rows)
     if output_rows:  # in the op's savepoint: with its round's events, or not at all (docs/design.md#replay)
@@ -572,32 +571,21 @@ def _append_run(appends: list[_Append], conn: sqlite3.Connection) -> list[Outcom
     statement is a round trip of the writer thread for the GIL, which an event loop busy with
     hundreds of streams hands back only at its switch interval: statement by statement, a batch of
     200 appends took its events' delivery past 250 ms (bench/README.md, `peer_bench.py`). The checks
-    are `_append`'s, append by append: a deleted conversation's is refused (Tombstoned), one that
-    does not start at its stream's last_seq + 1 too (SeqConflict); neither writes anything."""
+    are `_append`'s (`judge_appends`), append by append; a refused append writes nothing."""
     cids = [a.conversation_id for a in appends]
     deleted = {cid for (cid,) in conn.execute(SQL.tombstoned(len(cids)), cids)}
     (found,) = conn.execute(SQL.last_seqs(len(cids)), cids).fetchone()
-    last_seqs: dict[str, int] = json.loads(found or "{}")
-    outcomes: list[Outcome] = []
-    accepted: list[_Append] = []
-    for append in appends:
-        cid, first = append.conversation_id, append.rows[0][1]
-        last = last_seqs.get(cid, 0)
-        if cid in deleted:
-            outcomes.append(Outcome(error=Tombstoned(cid)))
-        elif first != last + 1:
-            outcomes.append(Outcome(error=SeqConflict(cid, first, last)))
-        else:
-            accepted.append(append)
-            outcomes.append(Outcome())
+    heads: dict[str, int] = json.loads(found or "{}")
+    outcomes = judge_appends([(a.conversation_id, a.rows[0][1], a.rows[-1][1]) for a in appends], deleted, heads)
+    accepted = [a for a, outcome in zip(appends, outcomes, strict=True) if outcome.error is None]
     rows = [row for a in accepted for row in a.rows]
     for start in range(0, len(rows), SQL.MAX_ROWS):
         part = rows[start : start + SQL.MAX_ROWS]
         conn.execute(SQL.insert_events(len(part)), [value for row in part for value in row])
     streams = [(a.conversation_id, a.rows[-1][1]) for a in accepted]
     for start in range(0, len(streams), SQL.MAX_ROWS):
-        heads = streams[start : start + SQL.MAX_ROWS]
-        conn.execute(SQL.set_last_seqs(len(heads)), [value for head in heads for value in head])
+        moved = streams[start : start + SQL.MAX_ROWS]
+        conn.execute(SQL.set_last_seqs(len(moved)), [value for stream in moved for value in stream])
     output_rows = [row for a in accepted for row in a.output_rows]
     if output_rows:  # only with their round's events (docs/design.md#replay)
         conn.executemany(SQL.insert_round_output, output_rows)
