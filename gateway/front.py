@@ -52,6 +52,7 @@ class Refused:
 
     status: HTTPStatus
     text: str
+    headers: tuple[tuple[str, str], ...] = ()   # Retry-After of a 503 (gateway/overload.py)
 
 
 class ClientGone(Exception):

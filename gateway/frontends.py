@@ -19,7 +19,7 @@ import contextlib
 import logging
 import math
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any, Final, Protocol
@@ -173,7 +173,7 @@ class Frontends:
             return
         admitted = server.admit(request.headers, request.target)
         if not isinstance(admitted, Authenticated):
-            await _plain(exchange, admitted.status, admitted.text.rstrip("\n"))
+            await _plain(exchange, admitted.status, admitted.text.rstrip("\n"), admitted.headers)
             return
         peer = HttpPeer(admitted.owner, admitted.tool_caller(server.settings.tool_claims),
                         server.trace_of(request.headers))
@@ -502,5 +502,5 @@ def _agui_batch(events: list[dict[str, Any]], seq: int) -> bytes:
     return b"".join(agui.sse(e, seq if i == len(events) - 1 else None) for i, e in enumerate(events))
 
 
-async def _plain(exchange: HttpExchange, status: HTTPStatus, text: str) -> None:
-    await exchange.respond(status, (text + "\n").encode(), "text/plain; charset=utf-8")
+async def _plain(exchange: HttpExchange, status: HTTPStatus, text: str, headers: Sequence[tuple[str, str]] = ()) -> None:
+    await exchange.respond(status, (text + "\n").encode(), "text/plain; charset=utf-8", headers)

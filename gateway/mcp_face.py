@@ -35,7 +35,7 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any, Final, Protocol
@@ -194,7 +194,7 @@ class McpFace:
             return
         admitted = server.admit(request.headers, request.target)
         if not isinstance(admitted, Authenticated):
-            await _plain(exchange, admitted.status, admitted.text.rstrip("\n"))
+            await _plain(exchange, admitted.status, admitted.text.rstrip("\n"), admitted.headers)
             return
         manager = await self._ensure_running()
         sid = request.headers.get(MCP_SESSION_ID_HEADER)
@@ -490,5 +490,5 @@ def _last(values: list[str] | None) -> str | None:
     return values[-1] if values else None
 
 
-async def _plain(exchange: HttpExchange, status: HTTPStatus, text: str) -> None:
-    await exchange.respond(status, (text + "\n").encode(), "text/plain; charset=utf-8")
+async def _plain(exchange: HttpExchange, status: HTTPStatus, text: str, headers: Sequence[tuple[str, str]] = ()) -> None:
+    await exchange.respond(status, (text + "\n").encode(), "text/plain; charset=utf-8", headers)

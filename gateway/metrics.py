@@ -35,6 +35,12 @@ class GatewayMetrics:
         self.connections_refused = Counter(
             "reactgate_connections_refused", "Connections refused, by reason", ["reason"], registry=r
         )
+        # docs/design.md#overload: the loop's smoothed lateness; over REACTGATE_OVERLOAD_LAG_MS, new
+        # clients are refused (reactgate_connections_refused{reason="overloaded"}).
+        self.loop_lag = Gauge(
+            "reactgate_event_loop_lag_seconds", "How late the gateway's event loop runs its timers (smoothed)",
+            registry=r,
+        )
         self.frames_in = Counter("reactgate_frames_in", "Client frames received, by type", ["type"], registry=r)
         self.errors = Counter("reactgate_errors", "Error frames sent, by code", ["code"], registry=r)
         self.events_sent = Counter("reactgate_events_sent", "Event frames sent to clients", registry=r)

@@ -1,0 +1,120 @@
+"""Load shedding end to end (docs/design.md#overload): a gateway whose event loop runs late refuses
+new clients — a WebSocket handshake, a frontend's request — with 503 and Retry-After, before their
+token is looked at, while a connection already open goes on being served; once the loop is on time
+again, new clients get in.
+
+The loop is made late for real: the gateway runs in the test's process, the test holds its loop
+with CPU work, and the gateway's own probe sees the timers fire late. Both backends: the gateway is
+the same program, the hosting under it is not (tests/e2e.py `ray_server`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
+
+from gateway.overload import RETRY_AFTER_S
+from tests.e2e import (
+    SECRET,
+    LocalServer,
+    RayHosting,
+    check_log,
+    local_server,
+    ray_hosting,
+    ray_server,
+    token,
+    weather_then_answer,
+)
+from tests.kit import PROTO, TIMEOUT, http_get, wait_until
+
+LIMIT_MS = 100
+HOLD_S = 2.0   # the probe sees ≥ 1.9 s late: about a second of probes before the lag falls under half the limit
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayHosting]:
+    with ray_hosting(tmp_path_factory.mktemp("ray"), {"demo": weather_then_answer()}) as hosting:
+        yield hosting
+
+
+@pytest.fixture(params=["local", pytest.param("ray", marks=pytest.mark.ray)])
+async def server(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[LocalServer]:
+    settings = {"auth_secret": SECRET, "overload_lag_ms": LIMIT_MS}
+    if request.param == "ray":
+        async with ray_server(request.getfixturevalue("ray_cluster"), **settings) as s:
+            yield s
+    else:
+        async with local_server(tmp_path / "s.sqlite3", **settings) as s:
+            yield s
+
+
+def hold_the_loop(seconds: float) -> None:
+    """CPU work on the gateway's own loop: nothing else runs on it meanwhile, its timers fire late."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+async def refused_handshake(s: LocalServer, bearer: str | None) -> InvalidStatus:
+    headers = {"Authorization": f"Bearer {bearer}"} if bearer else None
+    with pytest.raises(InvalidStatus) as refused:
+        async with connect(s.url, subprotocols=PROTO, additional_headers=headers, open_timeout=TIMEOUT):
+            pass
+    return refused.value
+
+
+async def post_chat(s: LocalServer, bearer: str) -> tuple[int, bytes, dict[str, str]]:
+    body = {"id": "chat-1", "messages": [{"id": "m1", "role": "user", "parts": [{"type": "text", "text": "hi"}]}]}
+    async with aiohttp.ClientSession() as http, http.post(
+        f"http://127.0.0.1:{s.port}/api/chat", data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {bearer}"},
+        timeout=aiohttp.ClientTimeout(total=TIMEOUT),
+    ) as response:
+        return response.status, await response.read(), dict(response.headers)
+
+
+async def test_a_late_loop_refuses_new_clients_and_serves_the_open_ones(server: LocalServer) -> None:
+    s, alice = server, token("alice")
+    async with s.client(alice) as open_before:
+        cid = await open_before.open()
+        await open_before.subscribe(cid)
+        assert not s.server.lag.overloaded
+
+        hold_the_loop(HOLD_S)
+        await wait_until(lambda: s.server.lag.overloaded)
+
+        # a new WebSocket, with a valid token and without one: 503 and Retry-After, no token check
+        for bearer in (alice, None):
+            response = (await refused_handshake(s, bearer)).response
+            assert response.status_code == 503
+            assert response.headers["Retry-After"] == str(RETRY_AFTER_S)
+            assert response.body is not None and response.body.startswith(b"overloaded: this replica's event loop runs ")
+        # a frontend's request: the same refusal, before the body is read for a turn
+        status, body, headers = await post_chat(s, alice)
+        assert (status, headers.get("Retry-After")) == (503, str(RETRY_AFTER_S)), body
+        assert body.startswith(b"overloaded: ")
+        # liveness is not load: the probe of a load balancer still gets its answer
+        assert (await http_get(s.host, s.port, "/healthz"))[0] == 200
+
+        # the connection open before the lag is served: its message is taken while new clients are refused
+        ack = await open_before.say(cid)
+        assert ack["type"] == "ack", ack
+        assert s.server.lag.overloaded, "the loop recovered before the open connection was checked"
+        done = await open_before.turn_completed(cid)
+        assert done["data"]["final_answer"]
+        check_log(open_before.events[cid])
+
+    # on time again: a new client gets in
+    await wait_until(lambda: not s.server.lag.overloaded)
+    async with s.client(alice) as later:
+        assert (await later.request(type="ping"))["type"] == "pong"
+    _, _, page = await http_get(s.host, s.port, "/metrics")
+    assert b'reactgate_connections_refused_total{reason="overloaded"} 3.0' in page
+    assert b"reactgate_event_loop_lag_seconds " in page
