@@ -3,7 +3,7 @@
     flock /tmp/reactgate-heavy.lock .venv/bin/python bench/peer_bench.py   # ~15 min: local, ray, peer, relay; ramp 10,25,50,100,200
     .venv/bin/python bench/peer_bench.py --systems local,peer,relay --ramp 25,50,100 --seconds 20
     # --systems local,ray,peer,relay  --ramp N1,N2,...  --seconds S (20)  --cut-fraction F (0.05)  --p99-bar-ms MS (250)
-    # --no-stop (every N, even after a failing one)  --flush-ms MS (25)  --sqlite-sync FULL|NORMAL  --event-loop L
+    # --no-stop (every N, even after a failing one)  --flush-ms MS (25)  --sqlite-sync FULL|NORMAL  --event-loop L  --overload-lag-ms MS
     # --peer-log-level L (WARNING)  --peer-allow-blocking  --rebuild-peer
     # --keep DIR (logs and per-run client results)  --py-spy DIR (raw py-spy profiles of every server process)
     # --client-procs K (the users over K client processes)  --pin (taskset: server on CPU 0, mock and clients on 1)
@@ -65,7 +65,10 @@ ends when the last says LOAD END; counts are summed, percentiles taken over all 
 the client CPU summed. `--pin` starts the server through `taskset -c 0` (Ray's processes inherit the
 mask; every process's mask is read back and printed as the load ends) and the mock, the clients and the
 orchestrator on CPU 1: then the mock's and the client's CPU columns say whether CPU 1 (the load side)
-or CPU 0 (the server) is the limit. The runs go by N, then by system, so that the systems compared at one N run
+or CPU 0 (the server) is the limit. A reactgate user whose handshake gets 503 (a server shedding load,
+docs/design.md#overload) tries again after its Retry-After, as a client should, until the window ends;
+one never let in is counted `shed`, and a run with shed users fails the bar (they were not carried).
+The runs go by N, then by system, so that the systems compared at one N run
 minutes apart, under the same load of the (shared) machine; the machine's load average is printed
 per run.
 
@@ -494,9 +497,22 @@ class ReactgateUser:
     def __init__(self, url: str) -> None:
         self.url, self.cid, self.last_seq, self.n = url, None, 0, 0
         self.ws: Any = None
+        self.deadline = math.inf   # the load window's end: a refused handshake is not tried again after it
+        self.refusals = 0          # handshakes answered 503 (a replica shedding load: docs/design.md#overload)
 
     async def _connect(self) -> None:
-        self.ws = await ws_connect(self.url, "reactgate.v1")
+        """As a client should: a 503 (an overloaded replica) is tried again after its Retry-After."""
+        from websockets.exceptions import InvalidStatus
+        while True:
+            try:
+                self.ws = await ws_connect(self.url, "reactgate.v1")
+                return
+            except InvalidStatus as exc:
+                wait = float(exc.response.headers.get("Retry-After", "1"))
+                if exc.response.status_code != 503 or time.time() + wait > self.deadline:
+                    raise
+                self.refusals += 1
+                await asyncio.sleep(wait)
 
     async def _send(self, frame: dict[str, Any]) -> None:
         await self.ws.send(json.dumps(frame))
@@ -661,7 +677,7 @@ async def client_run(kind: str, url: str, users: int, seconds: float, cut_fracti
         rng = random.Random(seed * 1000 + index)
     mine = range(index, users, procs)
     errors: list[str] = []
-    setup_failed = 0
+    setup_failed = shed = 0
 
     if index == 0:
         # One warm-up turn, not counted: the server's first turn loads what it loads lazily.
@@ -690,9 +706,10 @@ async def client_run(kind: str, url: str, users: int, seconds: float, cut_fracti
     peers: list[Any] = []
 
     async def user(i: int) -> None:
-        nonlocal setup_failed
+        nonlocal setup_failed, shed
         await asyncio.sleep(max(0.0, t0 + i * ramp / users - time.time()))
         u = make(url)
+        u.deadline = deadline
         peers.append(u)
         try:
             await u.setup()
@@ -713,6 +730,9 @@ async def client_run(kind: str, url: str, users: int, seconds: float, cut_fracti
                 if track.failure and len(errors) < 20:
                     errors.append(track.failure)
         except Exception as exc:             # reported
+            if getattr(getattr(exc, "response", None), "status_code", None) == 503:
+                shed += 1                    # refused by an overloaded server until the window ended
+                return
             setup_failed += 1
             if len(errors) < 20:
                 errors.append(f"user setup: {type(exc).__name__}: {exc}"[:200])
@@ -731,7 +751,8 @@ async def client_run(kind: str, url: str, users: int, seconds: float, cut_fracti
     # The raw samples (ms), so that the orchestrator merges the processes' percentiles exactly.
     return {
         "kind": kind, "users": len(mine), "seconds": seconds, "wall_s": wall, "turns": len(tracks), "turns_done": len(done),
-        "turns_failed": len(tracks) - len(done), "setup_failed": setup_failed, "chunks": sum(x.delivered for x in tracks),
+        "turns_failed": len(tracks) - len(done), "setup_failed": setup_failed,
+        "shed": shed, "refusals": sum(getattr(u, "refusals", 0) for u in peers), "chunks": sum(x.delivered for x in tracks),
         "lat": [round(v * 1000, 3) for x in tracks for v in x.latencies],
         "ttft": [round((x.first - x.sent) * 1000, 3) for x in tracks if x.first is not None and x.cut_at is None],
         "cuts": len(cut_tracks), "cut_done": sum(1 for x in cut_tracks if x.done and not x.failure),
@@ -744,7 +765,7 @@ async def client_run(kind: str, url: str, users: int, seconds: float, cut_fracti
     }
 
 
-SUMMED = ("turns", "turns_done", "turns_failed", "setup_failed", "chunks", "cuts", "cut_done", "cut_lost", "cut_dup", "cut_ooo", "lost",
+SUMMED = ("turns", "turns_done", "turns_failed", "setup_failed", "shed", "refusals", "chunks", "cuts", "cut_done", "cut_lost", "cut_dup", "cut_ooo", "lost",
           "dup", "ooo")
 
 
@@ -920,7 +941,7 @@ class Row:
     def passes(self, bar_ms: float) -> bool:
         r = self.result
         return r is not None and self.failure is None and r["turns_failed"] == 0 and r["turns"] > 0 \
-            and not r.get("setup_failed") \
+            and not r.get("setup_failed") and not r.get("shed") \
             and r["lat_p99_ms"] is not None and r["lat_p99_ms"] <= bar_ms
 
     def verdict(self, bar_ms: float) -> str:
@@ -932,6 +953,8 @@ class Row:
             why.append(f"{r['turns_failed']} turns failed")
         if r.get("setup_failed"):
             why.append(f"{r['setup_failed']} users never connected")
+        if r.get("shed"):
+            why.append(f"{r['shed']} users shed (503)")
         if r.get("lat_p99_ms") is None or r["lat_p99_ms"] > bar_ms:
             why.append(f"p99>{bar_ms:g}")
         return "PASS" if not why else "FAIL " + ", ".join(why)
@@ -955,7 +978,9 @@ def run_one(system: str, users: int, args: argparse.Namespace, work: Path, mock:
                     [*pin(args, SERVER_CPU), *reactgate_cmd(), "serve", "--backend", system, "--port", str(port), "--agent", str(profile),
                      "--store", f"sqlite:///{run_dir}/store.sqlite3?synchronous={args.sqlite_sync}"],
                     env | QUOTAS_OFF | {MOCK_KEY_ENV: "loopback-mock"}
-                    | ({"REACTGATE_EVENT_LOOP": args.event_loop} if args.event_loop else {}), run_dir / "server.log"))
+                    | ({"REACTGATE_EVENT_LOOP": args.event_loop} if args.event_loop else {})
+                    | ({"REACTGATE_OVERLOAD_LAG_MS": str(args.overload_lag_ms)} if args.overload_lag_ms is not None else {}),
+                    run_dir / "server.log"))
                 wait_until_up(server, port, f"reactgate serve --backend {system}", run_dir / "server.log")
                 time.sleep(1.0)  # Ray's hosts finish starting after the port opens
                 url = f"ws://127.0.0.1:{port}/ws"
@@ -1144,7 +1169,9 @@ def cells(row: Row, bar_ms: float) -> list[str]:
         return [row.system, str(row.users)] + ["-"] * (len(COLUMNS) - 3) + [row.verdict(bar_ms)]
     wall = row.wall_s or 1.0
     return [row.system, str(row.users), f"{r['turns_done']}/{r['turns']}"
-            + (f" ({r['setup_failed']} users never connected)" if r.get("setup_failed") else ""), f"{r['chunks']:,}",
+            + (f" ({r['setup_failed']} users never connected)" if r.get("setup_failed") else "")
+            + (f" ({r['shed']} users shed, {r['refusals']} 503s)" if r.get("shed") or r.get("refusals") else ""),
+            f"{r['chunks']:,}",
             fmt(r["lat_p50_ms"], ".1f"), fmt(r["lat_p99_ms"], ".1f"), fmt(r["lat_max_ms"], ".0f"),
             fmt(r["ttft_p50_ms"], ".0f"), fmt(r["ttft_p99_ms"], ".0f"), fmt(row.server_us),
             f"{row.server_cpu_s / wall:.0%}", f"{row.server_idle:.0%}", fmt(row.us_per_chunk(row.mock_cpu_s)),
@@ -1240,6 +1267,8 @@ def main() -> int:
                         help="reactgate's SQLite synchronous mode (default FULL: an fsync per group commit)")
     parser.add_argument("--event-loop", choices=["auto", "uvloop", "asyncio"],
                         help="reactgate's REACTGATE_EVENT_LOOP (default: unset, the server's own default)")
+    parser.add_argument("--overload-lag-ms", type=float,
+                        help="reactgate's REACTGATE_OVERLOAD_LAG_MS (default: unset, the server's own; 0: never shed)")
     parser.add_argument("--peer-log-level", default="WARNING",
                         help="the Agent Server's LOG_LEVEL (default WARNING: at INFO it logs every model request and run)")
     parser.add_argument("--peer-allow-blocking", action="store_true",
