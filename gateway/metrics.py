@@ -17,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from actors.quotas import TenantUsage
+from gateway.overload import Overload
 
 log = logging.getLogger("reactgate.gateway")
 
@@ -35,10 +36,15 @@ class GatewayMetrics:
         self.connections_refused = Counter(
             "reactgate_connections_refused", "Connections refused, by reason", ["reason"], registry=r
         )
-        # docs/design.md#overload: the loop's smoothed lateness; over REACTGATE_OVERLOAD_LAG_MS, new
-        # clients are refused (reactgate_connections_refused{reason="overloaded"}).
+        # docs/design.md#overload: the two signals, smoothed; over their limits new clients are
+        # refused (reactgate_connections_refused{reason="overloaded"}).
         self.loop_lag = Gauge(
             "reactgate_event_loop_lag_seconds", "How late the gateway's event loop runs its timers (smoothed)",
+            registry=r,
+        )
+        self.late_deliveries = Gauge(
+            "reactgate_late_delivery_share",
+            "Share of live events reaching a connection's queue later than REACTGATE_OVERLOAD_DELIVERY_MS (smoothed)",
             registry=r,
         )
         self.frames_in = Counter("reactgate_frames_in", "Client frames received, by type", ["type"], registry=r)
@@ -81,6 +87,10 @@ class GatewayMetrics:
         """Compute the per-session sums at scrape time."""
         self.connections.set_function(lambda: float(connections()))
         self.send_queue_depth.set_function(lambda: float(queue_depth()))
+
+    def track_overload(self, overload: Overload) -> None:
+        self.loop_lag.set_function(lambda: overload.lag.value)
+        self.late_deliveries.set_function(lambda: overload.late.value)
 
     def set_quota_usage(self, usage: Iterable[TenantUsage]) -> None:
         """Replace the tenant counters: a window that ended takes its series with it."""

@@ -9,7 +9,8 @@ Refusals, by where they happen:
 - handshake: wrong path → HTTP 404; a browser page from an origin not allowed → HTTP 403
   (gateway/origins.py); bad/expired/missing JWT → HTTP 401 (no WebSocket, so no `unauthorized`
   frame); missing or other subprotocol → HTTP 400 (websockets' negotiation); draining → HTTP 503;
-  an event loop running late → HTTP 503 with Retry-After (gateway/overload.py), before the token check.
+  a replica that is late (its loop, its deliveries) → HTTP 503 with Retry-After (gateway/overload.py),
+  before the token check.
 - the token's `exp` → close 4001 (`token expired`): the client reconnects with a fresh token.
 - after the handshake: max connections → close 1013; a connection quota (per client address, per
   user: docs/design.md#quotas) → an `error quota_exceeded` frame, then close 1013; frame over
@@ -64,7 +65,7 @@ from gateway.limits import quota_limits, session_limits
 from gateway.mcp_face import McpFace
 from gateway.metrics import GatewayMetrics
 from gateway.origins import OriginPolicy
-from gateway.overload import PROBE_S, RETRY_AFTER_S, LoopLag
+from gateway.overload import PROBE_S, RETRY_AFTER_S, Overload
 from gateway.session import Session
 from gateway.settings import Settings, check_bind
 from protocol.frames import (
@@ -201,10 +202,10 @@ class GatewayServer:
         self._connections: collections.Counter[tuple[Scope, str]] = collections.Counter()
         self._quota_metrics: asyncio.Task[None] | None = None
         self._store_watch: asyncio.Task[None] | None = None
-        # Load shedding (docs/design.md#overload): new clients are refused while the loop runs late.
-        self.lag = LoopLag(settings.overload_lag_ms / 1000)
-        self.metrics.loop_lag.set_function(lambda: self.lag.lag_s)
-        self._lag_watch: asyncio.Task[None] | None = None
+        # Load shedding (docs/design.md#overload): new clients are refused while this replica is late.
+        self.overload = Overload(settings.overload_lag_ms / 1000, settings.overload_delivery_ms / 1000)
+        self.metrics.track_overload(self.overload)
+        self._probe: asyncio.Task[None] | None = None
         # The frontends' endpoints (docs/frontends.md): requests with a body and a streamed answer,
         # split from the WebSocket's by gateway/front.py on the same port.
         self.frontends = Frontends(self)
@@ -252,7 +253,7 @@ class GatewayServer:
             raise
         host, port = self._server.sockets[0].getsockname()[:2]
         self._quota_metrics = asyncio.get_running_loop().create_task(self._read_quota_counters())
-        self._lag_watch = asyncio.get_running_loop().create_task(self._watch_lag())
+        self._probe = asyncio.get_running_loop().create_task(self._probe_loop())
         if any(hasattr(self.backend, method) for method in ("store_health", "store_counters")):
             self._store_watch = asyncio.get_running_loop().create_task(self._watch_store())
         log.info("reactgate gateway listening on %s:%s", host, port)
@@ -267,13 +268,14 @@ class GatewayServer:
                 log.warning("reading the quota counters failed", exc_info=True)
             await asyncio.sleep(self.settings.quota_metrics_interval_s)
 
-    async def _watch_lag(self) -> None:
-        """How late a timer of this loop fires, every PROBE_S, into `self.lag` (gateway/overload.py)."""
-        loop = asyncio.get_running_loop()
+    async def _probe_loop(self) -> None:
+        """How late a timer of this loop fires, every PROBE_S, into `self.overload` (gateway/overload.py).
+        By the process's clock: uvloop's `loop.time()` is read once per loop iteration, so it would
+        not count the iteration the timer waited through."""
         while True:
-            due = loop.time() + PROBE_S
+            due = time.monotonic() + PROBE_S
             await asyncio.sleep(PROBE_S)
-            self.lag.observe(loop.time() - due)
+            self.overload.probe(time.monotonic() - due)
 
     async def _watch_store(self) -> None:
         """Look at the store every STORE_POLL_S, so that /metrics counts an outage nobody probed."""
@@ -317,7 +319,7 @@ class GatewayServer:
             await self._stopped.wait()
             return
         self._draining = True
-        for task in (self._quota_metrics, self._store_watch, self._lag_watch):
+        for task in (self._quota_metrics, self._store_watch, self._probe):
             if task is not None:
                 task.cancel()
         deadline = time.monotonic() + self.settings.drain_grace_s
@@ -430,12 +432,12 @@ class GatewayServer:
     def admit(self, headers: Headers, target: str) -> Authenticated | Refused:
         """Who is asking, by the handshake's rules, for /ws, the JSON endpoints behind a token
         (docs/wire-protocol.md#16-agents-and-the-conversation-list) and the frontends' endpoints
-        (docs/frontends.md): 503 while this replica's loop runs late (gateway/overload.py: before any
+        (docs/frontends.md): 503 while this replica is late (gateway/overload.py: before any
         work, the token's check included), 403 for a browser page from an origin not allowed, 401
         without a valid token."""
-        if self.lag.overloaded:
+        if self.overload.overloaded:
             self.metrics.connections_refused.labels("overloaded").inc()
-            return Refused(HTTPStatus.SERVICE_UNAVAILABLE, self.lag.refusal(), (("Retry-After", str(RETRY_AFTER_S)),))
+            return Refused(HTTPStatus.SERVICE_UNAVAILABLE, self.overload.refusal(), (("Retry-After", str(RETRY_AFTER_S)),))
         path, _, query = target.partition("?")
         origins = headers.get_all("Origin")
         if not self._origins.allows(origins, headers.get("Host")):
@@ -502,7 +504,8 @@ class GatewayServer:
             await self._refuse_connection(ws, caller.owner.tenant, held)
             return
         session = Session(ws, caller.owner, self.backend, self._session_limits, self.metrics, expires_at=caller.expires_at,
-                          trace_parent=_upgrade_trace(ws.request), caller=caller.tool_caller(self.settings.tool_claims))
+                          trace_parent=_upgrade_trace(ws.request), caller=caller.tool_caller(self.settings.tool_claims),
+                          overload=self.overload)
         self.sessions.add(session)
         self.metrics.connections_total.inc()
         try:

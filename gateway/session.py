@@ -38,6 +38,7 @@ from actors.identity import Caller, Owner
 from actors.store.base import StoreUnavailable
 from gateway.limits import BadFrameCounter, SessionLimits, TokenBucket
 from gateway.metrics import GatewayMetrics
+from gateway.overload import Overload
 from protocol.events import ConversationDeleted, Event
 from protocol.frames import (
     CloseCode,
@@ -92,10 +93,11 @@ class _Out:
 class _Subscription:
     """One watched conversation. Replaced (never reused) when the client subscribes again."""
 
-    __slots__ = ("active", "conversation_id", "delivered", "enqueued", "task")
+    __slots__ = ("active", "conversation_id", "delivered", "enqueued", "since", "task")
 
     def __init__(self, conversation_id: str, after_seq: int) -> None:
         self.conversation_id = conversation_id
+        self.since = time.time()    # events made before are history (a replay), not live (gateway/overload.py)
         self.enqueued = after_seq   # only seq > this may be queued: no duplicate within a subscription
         self.delivered = after_seq  # last seq handed to the socket: what slow_consumer reports
         self.active = True
@@ -116,8 +118,10 @@ class Session:
         expires_at: float | None = None,
         trace_parent: Context | None = None,
         caller: Caller | None = None,
+        overload: Overload | None = None,
     ) -> None:
         self.sink = sink
+        self.overload = overload  # told how late every live event reaches this session (docs/design.md#overload)
         self.trace_parent = trace_parent  # the upgrade's W3C trace: its commands' spans join it (docs/design.md#tracing)
         self.owner = owner
         self.caller = caller or Caller.of(owner)  # what the tools of its turns know of who calls
@@ -320,6 +324,7 @@ class Session:
         It never waits for the socket itself.
         """
         queue, start, n = self._queue, 0, len(batch)
+        overload, now = self.overload, time.time()
         while start < n:
             if not sub.active or self._closing:
                 return False
@@ -337,6 +342,8 @@ class Session:
                 if event.seq > sub.enqueued:  # else already queued or delivered by this subscription
                     queue.append(_Out(_Kind.EVENT, encode_event(event), sub, event.seq, event.ts))
                     sub.enqueued = event.seq
+                    if overload is not None and event.ts >= sub.since:  # live, not a replay of history
+                        overload.arrived(now - event.ts)
             start += room
             self._wake.set()
         return True

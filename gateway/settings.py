@@ -82,10 +82,13 @@ class Settings(BaseSettings):
     rate_per_s: float = Field(default=20.0, gt=0)
     rate_burst: int = Field(default=50, gt=0)
     max_connections: int = Field(default=10_000, gt=0)
-    # Load shedding (docs/design.md#overload): while the event loop's timers fire this late (smoothed
-    # over about a second), new handshakes and requests get 503 with Retry-After; open ones are kept.
-    # 0: never refuse (the lag is still measured: reactgate_event_loop_lag_seconds).
+    # Load shedding (docs/design.md#overload): while the event loop's timers fire this late, or while
+    # 5% of the live events reach their connections' queues later than overload_delivery_ms after
+    # they were made (each smoothed over about a second), new handshakes and requests get 503 with
+    # Retry-After; open ones are kept.
+    # 0: that signal never refuses (both are still measured, in /metrics).
     overload_lag_ms: float = Field(default=100.0, ge=0)
+    overload_delivery_ms: float = Field(default=250.0, ge=0)
     max_conversations_per_connection: int = Field(default=64, gt=0)
     bad_frames_before_close: int = Field(default=10, gt=0)
     drain_grace_s: float = Field(default=25.0, gt=0)

@@ -5,7 +5,9 @@ again, new clients get in.
 
 The loop is made late for real: the gateway runs in the test's process, the test holds its loop
 with CPU work, and the gateway's own probe sees the timers fire late. Both backends: the gateway is
-the same program, the hosting under it is not (tests/e2e.py `ray_server`).
+the same program, the hosting under it is not (tests/e2e.py `ray_server`). The other signal, late
+live events, is measured by the gateway's sessions whatever the backend: it is shown on the gateway
+alone, with a fake backend whose events are as late as a test makes them.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from tests.e2e import (
     token,
     weather_then_answer,
 )
+from tests.gateway_harness import Harness, running
 from tests.kit import PROTO, TIMEOUT, http_get, wait_until
 
 LIMIT_MS = 100
@@ -62,7 +65,7 @@ def hold_the_loop(seconds: float) -> None:
         pass
 
 
-async def refused_handshake(s: LocalServer, bearer: str | None) -> InvalidStatus:
+async def refused_handshake(s: LocalServer | Harness, bearer: str | None) -> InvalidStatus:
     headers = {"Authorization": f"Bearer {bearer}"} if bearer else None
     with pytest.raises(InvalidStatus) as refused:
         async with connect(s.url, subprotocols=PROTO, additional_headers=headers, open_timeout=TIMEOUT):
@@ -85,17 +88,18 @@ async def test_a_late_loop_refuses_new_clients_and_serves_the_open_ones(server: 
     async with s.client(alice) as open_before:
         cid = await open_before.open()
         await open_before.subscribe(cid)
-        assert not s.server.lag.overloaded
+        assert not s.server.overload.overloaded
 
         hold_the_loop(HOLD_S)
-        await wait_until(lambda: s.server.lag.overloaded)
+        await wait_until(lambda: s.server.overload.overloaded)
 
         # a new WebSocket, with a valid token and without one: 503 and Retry-After, no token check
         for bearer in (alice, None):
             response = (await refused_handshake(s, bearer)).response
             assert response.status_code == 503
             assert response.headers["Retry-After"] == str(RETRY_AFTER_S)
-            assert response.body is not None and response.body.startswith(b"overloaded: this replica's event loop runs ")
+            assert response.body is not None
+            assert response.body.startswith(b"overloaded: this replica is late (its event loop runs ")
         # a frontend's request: the same refusal, before the body is read for a turn
         status, body, headers = await post_chat(s, alice)
         assert (status, headers.get("Retry-After")) == (503, str(RETRY_AFTER_S)), body
@@ -106,15 +110,43 @@ async def test_a_late_loop_refuses_new_clients_and_serves_the_open_ones(server: 
         # the connection open before the lag is served: its message is taken while new clients are refused
         ack = await open_before.say(cid)
         assert ack["type"] == "ack", ack
-        assert s.server.lag.overloaded, "the loop recovered before the open connection was checked"
+        assert s.server.overload.overloaded, "the loop recovered before the open connection was checked"
         done = await open_before.turn_completed(cid)
         assert done["data"]["final_answer"]
         check_log(open_before.events[cid])
 
     # on time again: a new client gets in
-    await wait_until(lambda: not s.server.lag.overloaded)
+    await wait_until(lambda: not s.server.overload.overloaded)
     async with s.client(alice) as later:
         assert (await later.request(type="ping"))["type"] == "pong"
     _, _, page = await http_get(s.host, s.port, "/metrics")
     assert b'reactgate_connections_refused_total{reason="overloaded"} 3.0' in page
     assert b"reactgate_event_loop_lag_seconds " in page
+
+
+async def test_late_live_events_refuse_new_clients_and_a_replay_is_not_late() -> None:
+    """The other signal, on the gateway alone (a fake backend stands in for a host that is late): live
+    events that reach their connection's queue later than the limit make the replica refuse new
+    clients; the same number of events replayed from history do not. The limit is 1 µs, so every live
+    event is late; the loop's own signal is off."""
+    async with running(overload_lag_ms=0, overload_delivery_ms=0.001) as h:
+        async with h.client() as reader:
+            cid = await reader.open()
+            await h.backend.emit(cid, 300)                   # history: made before the subscription
+            await reader.subscribe(cid)
+            await reader.until(lambda: reader.last_seq(cid) == 300 or None)
+            await wait_until(lambda: h.server.overload.volume == 0.0 and h.server.overload._arrived == 0)
+            assert not h.server.overload.overloaded
+
+            await h.backend.emit(cid, 300)                   # live: made after it
+            await wait_until(lambda: h.server.overload.overloaded)
+            refused = (await refused_handshake(h, None)).response
+            assert refused.status_code == 503 and refused.headers["Retry-After"] == str(RETRY_AFTER_S)
+            assert refused.body is not None and refused.body.startswith(b"overloaded: this replica is late (")
+            assert b"of its events arrive later than 0 ms" in refused.body
+            await reader.until(lambda: reader.last_seq(cid) == 600 or None)   # the open connection is served
+            assert reader.seqs(cid) == list(range(1, 601))
+
+        await wait_until(lambda: not h.server.overload.overloaded)          # nothing late arrives any more
+        async with h.client() as later:
+            assert (await later.request(type="ping"))["type"] == "pong"
