@@ -709,10 +709,11 @@ async def client_run(kind: str, url: str, users: int, seconds: float, cut_fracti
         nonlocal setup_failed, shed
         await asyncio.sleep(max(0.0, t0 + i * ramp / users - time.time()))
         u = make(url)
-        u.deadline = deadline
+        u.deadline = deadline     # a user refused (503) is let in within the window, or shed
         peers.append(u)
         try:
             await u.setup()
+            u.deadline = math.inf     # a rejoin after a cut tries until it is let in (the turn's own timeout)
             n = 0
             while time.time() < deadline:
                 n += 1
