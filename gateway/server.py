@@ -113,6 +113,12 @@ _json: Final = msgspec.json.Encoder()
 #   store_counters() → Mapping[str, int | float]   (or an awaitable of it): the store's own totals,
 #                      e.g. {"retried_batches": 3}, each shown as reactgate_store_<name>_total
 
+# The kernel's queue of connections not yet accepted (asyncio's default: 100). When it is full the
+# kernel drops what arrives (`nstat` ListenOverflows); the client sees its handshake time out or its
+# socket reset, never a 503 (docs/design.md#overload). 1,000 clients starting within 5 s overflowed 100
+# by ~6,000 drops (bench/peer_bench.py, one pinned core). As uvicorn's and gunicorn's default; the
+# kernel caps it at net.core.somaxconn.
+LISTEN_BACKLOG: Final = 2048
 STORE_POLL_S: Final = 2.0         # how often the gateway looks at the store (/metrics' outage seconds)
 STORE_ASK_TIMEOUT_S: Final = 1.0  # a look that takes longer tells nothing (and holds up no probe)
 
@@ -246,6 +252,7 @@ class GatewayServer:
                 compression="deflate" if self.settings.compression else None,
                 logger=_ConnectionLog(logging.getLogger("reactgate.gateway.connections")),
                 create_connection=front_connection(self._front),
+                backlog=LISTEN_BACKLOG,
             )
         except BaseException:
             self._backend_started = False

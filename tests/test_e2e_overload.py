@@ -13,6 +13,8 @@ alone, with a fake backend whose events are as late as a test makes them.
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -23,6 +25,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from gateway.overload import RETRY_AFTER_S
+from gateway.server import LISTEN_BACKLOG
 from tests.e2e import (
     SECRET,
     LocalServer,
@@ -150,3 +153,19 @@ async def test_late_live_events_refuse_new_clients_and_a_replay_is_not_late() ->
         await wait_until(lambda: not h.server.overload.overloaded)          # nothing late arrives any more
         async with h.client() as later:
             assert (await later.request(type="ping"))["type"] == "pong"
+
+
+async def test_the_listening_socket_queues_a_burst_of_clients_instead_of_dropping_them() -> None:
+    """A burst of new clients waits in the kernel's accept queue until the gateway answers each (a 503
+    when late), instead of being dropped when the queue is full (asyncio's default holds 100: 1,000
+    clients within 5 s overflowed it, bench/README.md "Overload"). The queue's size, as the kernel
+    reports it for a listening socket (`ss`: Send-Q), is LISTEN_BACKLOG, or the kernel's cap if lower."""
+    ss = shutil.which("ss")
+    if ss is None:
+        pytest.skip("iproute2's ss is not installed: it is what reads a listening socket's queue size")
+    somaxconn = int(Path("/proc/sys/net/core/somaxconn").read_text())
+    async with running() as h:
+        listed = subprocess.run([ss, "-Hltn", f"sport = :{h.port}"], capture_output=True, text=True, check=True).stdout
+    (line,) = listed.splitlines()
+    state, _, queue_size, *_ = line.split()
+    assert state == "LISTEN" and int(queue_size) == min(LISTEN_BACKLOG, somaxconn) > 100
