@@ -3,7 +3,8 @@
     flock /tmp/reactgate-heavy.lock .venv/bin/python bench/peer_bench.py   # ~15 min: local, ray, peer, relay; ramp 10,25,50,100,200
     .venv/bin/python bench/peer_bench.py --systems local,peer,relay --ramp 25,50,100 --seconds 20
     # --systems local,ray,peer,relay  --ramp N1,N2,...  --seconds S (20)  --cut-fraction F (0.05)  --p99-bar-ms MS (250)
-    # --no-stop (every N, even after a failing one)  --flush-ms MS (25)  --sqlite-sync FULL|NORMAL  --event-loop L  --overload-lag-ms MS
+    # --no-stop (every N, even after a failing one)  --flush-ms MS (25)  --sqlite-sync FULL|NORMAL  --event-loop L
+    # --overload-lag-ms MS  --overload-delivery-ms MS (the server's load shedding; both 0: off)
     # --peer-log-level L (WARNING)  --peer-allow-blocking  --rebuild-peer
     # --keep DIR (logs and per-run client results)  --py-spy DIR (raw py-spy profiles of every server process)
     # --client-procs K (the users over K client processes)  --pin (taskset: server on CPU 0, mock and clients on 1)
@@ -980,7 +981,9 @@ def run_one(system: str, users: int, args: argparse.Namespace, work: Path, mock:
                      "--store", f"sqlite:///{run_dir}/store.sqlite3?synchronous={args.sqlite_sync}"],
                     env | QUOTAS_OFF | {MOCK_KEY_ENV: "loopback-mock"}
                     | ({"REACTGATE_EVENT_LOOP": args.event_loop} if args.event_loop else {})
-                    | ({"REACTGATE_OVERLOAD_LAG_MS": str(args.overload_lag_ms)} if args.overload_lag_ms is not None else {}),
+                    | ({"REACTGATE_OVERLOAD_LAG_MS": str(args.overload_lag_ms)} if args.overload_lag_ms is not None else {})
+                    | ({"REACTGATE_OVERLOAD_DELIVERY_MS": str(args.overload_delivery_ms)}
+                       if args.overload_delivery_ms is not None else {}),
                     run_dir / "server.log"))
                 wait_until_up(server, port, f"reactgate serve --backend {system}", run_dir / "server.log")
                 time.sleep(1.0)  # Ray's hosts finish starting after the port opens
@@ -1269,7 +1272,10 @@ def main() -> int:
     parser.add_argument("--event-loop", choices=["auto", "uvloop", "asyncio"],
                         help="reactgate's REACTGATE_EVENT_LOOP (default: unset, the server's own default)")
     parser.add_argument("--overload-lag-ms", type=float,
-                        help="reactgate's REACTGATE_OVERLOAD_LAG_MS (default: unset, the server's own; 0: never shed)")
+                        help="reactgate's REACTGATE_OVERLOAD_LAG_MS (default: unset, the server's own; 0: not by the loop)")
+    parser.add_argument("--overload-delivery-ms", type=float,
+                        help="reactgate's REACTGATE_OVERLOAD_DELIVERY_MS (default: unset, the server's own; 0: not by late "
+                             "events; both 0: never shed)")
     parser.add_argument("--peer-log-level", default="WARNING",
                         help="the Agent Server's LOG_LEVEL (default WARNING: at INFO it logs every model request and run)")
     parser.add_argument("--peer-allow-blocking", action="store_true",
