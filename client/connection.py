@@ -5,7 +5,8 @@ bearer token when given), feeds every frame it reads to the session, sends the f
 returns, and hands every other output to whoever iterates it (`async for output in connection`).
 On a lost connection it reconnects and the session resumes (re-open, subscribe after the last
 delivered seq, re-send pending commands with their ids). A frame the server did not process
-(`RetryLater`) is retried after `retry_pause_s`. Handshake refusals no retry can fix (HTTP 400,
+(`RetryLater`) is retried after `retry_pause_s`, a refused handshake (503) never sooner than its
+`Retry-After`. Handshake refusals no retry can fix (HTTP 400,
 401, 403, 404: docs/wire-protocol.md#a-refused-handshake), a fatal session error, or
 `give_up_after_s` without a connection end the iteration with a `Fatal`. A deleted conversation
 (`Deleted`: `session.delete()`, or anyone's delete) ends it as well, with nothing to reconnect to;
@@ -104,6 +105,14 @@ class Backoff:
         self.attempt = 0
 
 
+def retry_after_s(value: str | None) -> float:
+    """A `Retry-After` in seconds (RFC 9110 §10.2.3: the gateway sends whole seconds); 0 when absent
+    or given as a date, which this client does not trust a clock to read."""
+    if value is None or not value.strip().isdecimal():
+        return 0.0
+    return float(value.strip())
+
+
 @dataclass(frozen=True, slots=True)
 class ConnectionLost:
     """No connection now; the next attempt is in `retry_in_s` seconds."""
@@ -151,6 +160,7 @@ class Connection:
         self._retries: set[asyncio.Task[None]] = set()
         self._down_since: float | None = None
         self._failure = "cannot connect"
+        self._retry_after_s = 0.0   # a refusal's Retry-After (an overloaded replica: docs/design.md#overload)
         self._closing = False
         self._error: BaseException | None = None
         self._token_expired = False                                  # the last connection closed with 4001
@@ -294,6 +304,7 @@ class Connection:
                 return exc
             body = exc.response.body.decode(errors="replace").strip() if exc.response.body else ""
             self._failure = f"HTTP {exc.response.status_code} {body}".strip()
+            self._retry_after_s = retry_after_s(exc.response.headers.get("Retry-After"))
         elif isinstance(exc, OSError | TimeoutError | InvalidHandshake):
             self._failure = f"cannot connect: {exc}"
         elif isinstance(exc, _NoToken):
@@ -307,7 +318,9 @@ class Connection:
     def _delays(self) -> Generator[float]:
         """websockets' `reconnect_delays`, from our schedule (reset only by an acked `open`)."""
         while True:
-            delay = self.backoff.next_delay()
+            # never sooner than the server asked: full jitter alone would send a refused client back at once
+            delay = max(self.backoff.next_delay(), self._retry_after_s)
+            self._retry_after_s = 0.0
             self._items.put_nowait(ConnectionLost(self._failure, delay))
             yield delay
 

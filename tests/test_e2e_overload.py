@@ -18,12 +18,15 @@ import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
+from client.connection import Backoff, Connection, ConnectionLost
+from client.session import ClientSession, Opened
 from gateway.overload import RETRY_AFTER_S
 from gateway.server import LISTEN_BACKLOG
 from tests.e2e import (
@@ -169,3 +172,24 @@ async def test_the_listening_socket_queues_a_burst_of_clients_instead_of_droppin
     (line,) = listed.splitlines()
     state, _, queue_size, *_ = line.split()
     assert state == "LISTEN" and int(queue_size) == min(LISTEN_BACKLOG, somaxconn) > 100
+
+
+async def test_the_client_library_waits_the_refusals_retry_after_then_gets_in() -> None:
+    """client/connection.py, refused by a late gateway: its next attempt is no sooner than the 503's
+    Retry-After, though its own backoff would come back within 20 ms; once the gateway is on time,
+    the connection opens."""
+    async with running(overload_lag_ms=LIMIT_MS) as h:
+        assert (await http_get(h.host, h.port, "/healthz"))[0] == 200   # the gateway's probe is running
+        hold_the_loop(HOLD_S)
+        await wait_until(lambda: h.server.overload.overloaded)
+        items: list[Any] = []
+        connection = Connection(ClientSession(), h.url, backoff=Backoff(base_s=0.01, cap_s=0.02))
+        async with connection:
+            async for item in connection:
+                items.append(item)
+                if isinstance(item, Opened):
+                    break
+        lost = [item for item in items if isinstance(item, ConnectionLost)]
+        assert lost and lost[0].reason.startswith("HTTP 503 overloaded: this replica is late")
+        assert all(item.retry_in_s >= RETRY_AFTER_S for item in lost if item.reason.startswith("HTTP 503"))
+        assert isinstance(items[-1], Opened)
