@@ -38,7 +38,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 from websockets.typing import Subprotocol
 
-from client.connection import FATAL_HTTP_STATUS
+from client.connection import FATAL_HTTP_STATUS, retry_after_s
 from client.loadtest.user import DEFAULT_MESSAGE, SimUser, Stats
 from protocol.frames import SUBPROTOCOL, ClientFrame
 
@@ -234,7 +234,7 @@ class LoadRunner:
         if self.config.ramp_up_s:
             await asyncio.sleep(index * self.config.ramp_up_s / len(self.users))
         headers = {"Authorization": f"Bearer {self.config.token}"} if self.config.token else None
-        failures, last_failure = 0, ""
+        failures, last_failure, asked_s = 0, "", 0.0
         while not user.finished and time.monotonic() < hard_deadline:
             if user.conversation_id is None and failures and time.monotonic() >= send_until:
                 user.fatal = f"never connected: {last_failure}"  # nothing to drain: do not wait
@@ -270,6 +270,7 @@ class LoadRunner:
                     user.finished = True
                     return
                 failures, last_failure = failures + 1, f"HTTP {status}"
+                asked_s = retry_after_s(exc.response.headers.get("Retry-After"))   # an overloaded replica's
             except InvalidURI as exc:
                 user.fatal = str(exc)
                 user.finished = True
@@ -287,7 +288,8 @@ class LoadRunner:
                 self._dropping.discard(index)
                 user.disconnected()
             if failures:
-                pause = RECONNECT_PAUSE_S[min(failures, len(RECONNECT_PAUSE_S) - 1)]
+                pause = max(RECONNECT_PAUSE_S[min(failures, len(RECONNECT_PAUSE_S) - 1)], asked_s)
+                asked_s = 0.0
                 await asyncio.sleep(min(pause, max(0.0, hard_deadline - time.monotonic())))
 
     async def _drop_later(self, index: int, ws: ClientConnection) -> None:
