@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import os
 from collections.abc import AsyncIterator, Callable
@@ -21,6 +22,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 import ray
 from ray.exceptions import ActorUnavailableError
 
+from actors import heap
 from actors.conversation import Runtime
 from actors.hosting.backend import Answer, SetMode, UserMessage
 from actors.hosting.local import LocalBackend
@@ -323,6 +325,22 @@ async def test_directory_spreads_conversations_over_hosts(ray_backend: RayBacken
         await ray_backend.command(OWNER, cid, SetMode(f"m-{cid}", "agent"))
         hosts.add(await ray_backend.host_of(cid))
     assert len(hosts) == 2
+
+
+def _collector_settings(host: Any) -> tuple[tuple[int, ...], int]:
+    return tuple(gc.get_threshold()), gc.get_freeze_count()
+
+
+async def test_a_host_serving_a_conversation_takes_the_collector_settings_of_a_serving_process(
+    ray_backend: RayBackend,
+) -> None:
+    """actors/heap.py on a ConversationHost, as on the gateway (tests/test_heap.py): once its core has
+    started, what it loaded is frozen and young collections are rare. Read inside the actor's process."""
+    cid = await _open(ray_backend, "weather")
+    await ray_backend.command(OWNER, cid, SetMode(f"m-{cid}", "agent"))   # activates it: the host's core starts
+    host = ray.get_actor(await ray_backend.host_of(cid), namespace=NAMESPACE)
+    threshold, frozen = await host.__ray_call__.remote(_collector_settings)
+    assert threshold == heap.THRESHOLDS and frozen > 0
 
 
 async def test_single_activation_under_concurrent_first_messages_from_two_gateways(
