@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -165,6 +166,26 @@ def node_ports() -> list[str]:
              "--dashboard-agent-grpc-port", "--runtime-env-agent-port", "--metrics-export-port"]
     return [arg for flag in ports for arg in (flag, str(free_port()))] + ["--min-worker-port", "0",
                                                                             "--max-worker-port", "0"]
+
+
+# Ray Client gives every client a server process of its own, on the first port from 23000 that the
+# head's proxier finds free (ray/util/client/server/proxier.py `_get_unused_port`: a bind test, then
+# the server starts and binds it a second or two later). Two clusters on one machine (the rehearsal
+# and tests/test_ray_auth.py under pytest-xdist) that connect clients at once can both pick 23000,
+# and one server dies as it starts ("SpecificServer startup failed"). One connect at a time on the
+# machine closes that window.
+RAY_CLIENT_LOCK = Path("/tmp/reactgate-ray-client-connect.lock")
+
+
+@contextlib.contextmanager
+def ray_client_connecting() -> Iterator[None]:
+    """Held from a Ray Client's start until its server is up (blocks while another holds it)."""
+    with RAY_CLIENT_LOCK.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def children(pid: int) -> list[int]:
@@ -352,6 +373,12 @@ class Gateway:
         raise AssertionError("unreachable")
 
     async def _start(self, timeout_s: float) -> Gateway:
+        with contextlib.ExitStack() as connecting:
+            if self.mode == "client":  # until ready: its Ray Client server is up (see RAY_CLIENT_LOCK)
+                await asyncio.to_thread(connecting.enter_context, ray_client_connecting())
+            return await self._spawn(timeout_s)
+
+    async def _spawn(self, timeout_s: float) -> Gateway:
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(self.command(), env={**self.cluster.env(), **self.env}, stdout=log, stderr=subprocess.STDOUT,

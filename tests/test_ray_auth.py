@@ -10,6 +10,7 @@ a subprocess with its own environment.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.cluster_rehearsal import Cluster, private_root
+from bench.cluster_rehearsal import Cluster, private_root, ray_client_connecting
 
 pytestmark = pytest.mark.ray
 
@@ -46,8 +47,9 @@ def driver(cluster: Cluster, address: str, *, refused: bool, **auth: str) -> sub
     env["HOME"] = str(cluster.root / "driver-home")          # no ~/.ray/auth_token to fall back on
     if refused:
         env.update(GIVE_UP_SOON)
-    return subprocess.run([sys.executable, "-c", DRIVER, address], env={**env, **auth}, capture_output=True,
-                          text=True, timeout=180)
+    with ray_client_connecting() if address.startswith("ray://") else contextlib.nullcontext():
+        return subprocess.run([sys.executable, "-c", DRIVER, address], env={**env, **auth}, capture_output=True,
+                              text=True, timeout=180)
 
 
 def addresses(cluster: Cluster) -> list[str]:

@@ -28,11 +28,26 @@ class Watch:
             self.changed.set()
 
     async def until(self, predicate: Callable[[list[Event]], bool], timeout: float = TIMEOUT) -> None:
+        """Wait for `predicate`; a subscription that ends or raises first fails the wait at once, with
+        its error and the events it got, rather than as a timeout that says nothing."""
         async def wait() -> None:
             while not predicate(self.events):
+                if self.task.done():
+                    ended = "ended" if self.task.cancelled() or self.task.exception() is None else "raised"
+                    raise AssertionError(f"the subscription {ended} before the condition held; it got "
+                                         f"{[(e.seq, e.event) for e in self.events]}") from (
+                        None if self.task.cancelled() else self.task.exception())
                 self.changed.clear()
-                await self.changed.wait()
-        await asyncio.wait_for(wait(), timeout)
+                changed = asyncio.ensure_future(self.changed.wait())
+                try:
+                    await asyncio.wait([changed, self.task], return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    changed.cancel()
+        try:
+            await asyncio.wait_for(wait(), timeout)
+        except TimeoutError:
+            raise AssertionError(f"not within {timeout} s; the subscription got "
+                                 f"{[(e.seq, e.event) for e in self.events]}") from None
 
     async def until_event(self, name: str, count: int = 1, timeout: float = TIMEOUT) -> None:
         await self.until(lambda evs: sum(e.event == name for e in evs) >= count, timeout)
