@@ -718,6 +718,41 @@ async def test_a_database_created_before_the_list_lists_its_conversations_when_o
         await s.close()
 
 
+def _events_without_rowid(path: Path) -> bool:
+    with sqlite3.connect(path) as conn:
+        (ddl,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'events'").fetchone()
+    return "WITHOUT ROWID" in ddl.upper()
+
+
+async def test_a_new_sqlite_store_keeps_events_in_rowid_order(tmp_path: Path) -> None:
+    # actors/store/schema.py: a batch interleaves many conversations' appends; rows in rowid order
+    # fill the table's last pages instead of a leaf page each.
+    s = SqliteStore(tmp_path / "store.db")
+    await s.open()
+    await s.close()
+    assert not _events_without_rowid(tmp_path / "store.db")
+
+
+async def test_a_sqlite_store_made_with_events_without_rowid_reads_and_appends_the_same(tmp_path: Path) -> None:
+    path = tmp_path / "store.db"
+    with sqlite3.connect(path) as conn:   # the events table as stores made before it was a rowid table
+        conn.execute("CREATE TABLE events (conversation_id TEXT NOT NULL, seq INTEGER NOT NULL, event TEXT NOT NULL,"
+                     " data BLOB NOT NULL, ts REAL NOT NULL, PRIMARY KEY (conversation_id, seq)) WITHOUT ROWID")
+    s = SqliteStore(path)
+    await s.open()
+    try:
+        await s.create_conversation("c", OWNER, "demo", 1.0)
+        await s.append_events("c", evs("c", 1, 3))
+        with pytest.raises(SeqConflict):
+            await s.append_events("c", evs("c", 3, 3))   # a seq is never taken twice
+        await s.append_events("c", evs("c", 4, 5))
+        assert [e.seq for e in await s.read_events("c", 2, 10)] == [3, 4, 5]
+        assert await s.last_seq("c") == 5
+    finally:
+        await s.close()
+    assert _events_without_rowid(path)   # kept as it was made
+
+
 # -- lifecycle ----------------------------------------------------------------------------------
 
 
