@@ -245,9 +245,9 @@ def front_connection(front: HttpFront) -> type[ServerConnection]:
 
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             # websockets' own connection_made (which starts the handshake) waits for the decision
-            self._transport = _stream(transport)
+            self._transport = stream = _stream(transport)
             self._held = bytearray()
-            self._timer = asyncio.get_running_loop().call_later(HEAD_TIMEOUT_S, transport.abort)
+            self._timer = asyncio.get_running_loop().call_later(HEAD_TIMEOUT_S, stream.abort)
 
         def data_received(self, data: bytes) -> None:  # until the decision: the head so far
             held = self._held

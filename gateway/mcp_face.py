@@ -38,7 +38,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any, Final, Protocol
+from typing import Any, Final
 from urllib.parse import parse_qs
 
 import anyio
@@ -57,7 +57,6 @@ from mcp_types import (
     TextContent,
     Tool,
 )
-from websockets.datastructures import Headers
 
 from actors.external_call import (
     Access,
@@ -70,16 +69,14 @@ from actors.external_call import (
 )
 from actors.hosting.backend import Backend
 from actors.identity import Caller, Owner
-from actors.quotas import QuotaExceeded, Scope
+from actors.quotas import QuotaExceeded
 from actors.turn_machine import APPROVAL_ANSWERS, APPROVAL_OPTIONS, Consent
 from gateway.asgi import serve_asgi
 from gateway.auth import Authenticated
 from gateway.dispatch import Drain, quota_error, refusal
 from gateway.front import HttpExchange, HttpRequest
-from gateway.front import Refused as HttpRefused
-from gateway.frontends import CONVERSATION_HEADER, STATUS, retry_after
+from gateway.frontends import CONVERSATION_HEADER, STATUS, Gateway, retry_after
 from gateway.mcp_catalog import SEARCH_TOOL, Listed, catalog_digest, listing, search
-from gateway.settings import Settings
 from protocol.events import ExternalClient, ToolResult, TurnCompleted
 from protocol.frames import ErrorCode, ErrorFrame, Open, encode_frame
 
@@ -97,21 +94,6 @@ APPROVAL_SCHEMA: Final[Mapping[str, Any]] = {
     "properties": {"decision": {"type": "string", "title": "Decision", "enum": list(APPROVAL_OPTIONS)}},
     "required": ["decision"],
 }
-
-
-class Gateway(Protocol):
-    """What the face needs of the gateway it serves on (gateway/server.py's GatewayServer)."""
-
-    backend: Backend
-    settings: Settings
-
-    @property
-    def ready(self) -> bool: ...
-    def admit(self, headers: Headers, target: str) -> Authenticated | HttpRefused: ...
-    def origin_allowed(self, origins: list[str], host: str | None) -> bool: ...
-    def hold_connection(self, address: str, owner: Owner) -> tuple[tuple[Scope, str], ...] | QuotaExceeded: ...
-    def release_connection(self, held: tuple[tuple[Scope, str], ...]) -> None: ...
-    def drain_soon(self) -> None: ...
 
 
 @dataclass(eq=False)
