@@ -177,6 +177,10 @@ class Conversation:
         self._external: dict[str, asyncio.Task[ExternalReply]] = {}
         self._external_in_flight: dict[str, dict[str, Candidate]] = {}
         self._external_done: dict[str, ExternalReply] = {}
+        # Calls a crash cut (recovery: `interrupt_external_calls`), by call id: their observation is
+        # `round_interrupted`, and the client's retry — the Ray gateway re-routes a call whose host
+        # died — gets it once it is durable instead of running the tool a second time.
+        self._external_cut: dict[str, ExternalReply] = {}
 
     @property
     def conversation_id(self) -> str:
@@ -470,13 +474,16 @@ class Conversation:
 
     async def external_call(self, call: ExternalCall) -> ExternalReply:
         """One call of an external client, decided and run as the agent's own would be. The same
-        call id again (a retry) joins the run in flight, or gets the reply it got."""
+        call id again (a retry) joins the run in flight, or gets the reply it got — `round_interrupted`
+        for a call a crash cut (docs/design.md#mcp-face)."""
         running = self._external.get(call.call_id)
         if running is None:
             done = self._external_done.get(call.call_id)
             if done is not None:
                 return done
-            running = asyncio.get_running_loop().create_task(self._external_call(call))
+            cut = self._external_cut.pop(call.call_id, None)
+            work = self._finished(call, cut) if cut is not None else self._external_call(call)
+            running = asyncio.get_running_loop().create_task(work)
             self._external[call.call_id] = running
             running.add_done_callback(lambda _: self._external.pop(call.call_id, None))
         return await asyncio.shield(running)  # the caller may go; only `external_cancel` cuts the call
@@ -602,8 +609,9 @@ class Conversation:
             assert called.client is not None
             call = ExternalCall(session_id=called.turn_id, client=called.client, access=Access.OBSERVE,
                                 call_id=called.call_id, tool_id=called.tool_id, params=dict(called.params))
-            self._emit_external_result(call, Observation(called.call_id, called.tool_id, ok=False,
-                                                         error="round_interrupted"))
+            observation = Observation(called.call_id, called.tool_id, ok=False, error="round_interrupted")
+            self._emit_external_result(call, observation)
+            self._external_cut[called.call_id] = Observed.of(observation)
         for session in self.state.external.values():
             session.progress.pending = []
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import signal
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -402,7 +403,9 @@ async def test_another_callers_token_cannot_use_a_session(gw: LocalServer) -> No
 async def test_a_call_a_crash_cut_gets_its_result_when_the_conversation_comes_back(tmp_path: Path) -> None:
     """`reactgate serve` is SIGKILLed while an external call runs; a new process on the same store
     activates the conversation, and the call observes `round_interrupted`: every tool.call keeps its one
-    tool.result (docs/design.md#mcp-face). Local backend: the Ray host's death is another test's."""
+    tool.result (docs/design.md#mcp-face). The client sending the call again, by its own call id, gets
+    that observation: the tool does not run a second time. Local backend: the Ray host's death is the
+    next test's."""
     (tmp_path / "face.toml").write_text(PROFILE.format(name="face", face="", timeout_s=30))
     (tmp_path / "script.json").write_text(json.dumps(SCRIPT))
     args = ["--agent", str(tmp_path / "face.toml"), "--script", str(tmp_path / "script.json")]
@@ -414,8 +417,9 @@ async def test_a_call_a_crash_cut_gets_its_result_when_the_conversation_comes_ba
     async def long_call() -> None:
         async with mcp_session(mcp_url(first.url), token("alice", **EXECUTE)) as (s, init):
             bound.set_result(conversation_of(init))
-            await s.call_tool("demo.sleep", {"seconds": 600})
+            await s.call_tool("demo.sleep", {"seconds": 600}, meta=key)
 
+    key = {"reactgate/call_id": "sleep-1"}
     calling: asyncio.Task[None] | None = None
     try:
         await first.start()
@@ -442,8 +446,49 @@ async def test_a_call_a_crash_cut_gets_its_result_when_the_conversation_comes_ba
             assert result["data"]["client"] == {"face": "mcp", "name": "pytest-agent"}
             assert [e["data"]["call_id"] for e in owner.events[cid] if e["event"] == "tool.result"] == [
                 started["data"]["call_id"]]                   # once
+            async with mcp_session(mcp_url(second.url), token("alice", **EXECUTE),
+                                   query=f"?conversation_id={cid}") as (s, _):
+                again = await s.call_tool("demo.sleep", {"seconds": 600}, meta=key)   # the client's retry
+                assert again.is_error and text_of(again)["error"] == "round_interrupted"
+                assert not (await s.call_tool("demo.clock", {})).is_error   # logged after anything the retry logged
+            await owner.event(cid, "tool.result", tool_id="demo.clock")
+            assert [(e["event"], e["data"]["tool_id"]) for e in owner.events[cid] if e["event"].startswith("tool.")] == [
+                ("tool.call", "demo.sleep"), ("tool.result", "demo.sleep"),       # the sleep ran once
+                ("tool.call", "demo.clock"), ("tool.result", "demo.clock")]
     finally:
         second.stop()
+
+
+@pytest.mark.ray
+async def test_a_call_whose_ray_host_is_killed_gets_round_interrupted_as_its_reply(ray_cluster: RayHosting) -> None:
+    """The Ray side of the crash above: the gateway outlives the host. The host running the call is
+    SIGKILLed; the gateway routes the call again, by its call id, to the conversation's next activation,
+    whose recovery gave the cut call `round_interrupted` — which is the reply the MCP client gets, and the
+    log's one tool.result for its tool.call (docs/design.md#mcp-face). Nothing runs the call again."""
+    import ray
+
+    from actors.ray.names import NAMESPACE
+
+    async with ray_server(ray_cluster, auth_secret=SECRET) as gw, \
+            mcp_session(mcp_url(gw.url), token("alice", **EXECUTE)) as (s, init), \
+            gw.client(token("alice")) as owner:
+        cid = conversation_of(init)
+        await owner.subscribe(cid)
+        calling = asyncio.create_task(s.call_tool("demo.sleep", {"seconds": 600}))
+        started = await owner.event(cid, "tool.call", tool_id="demo.sleep")
+        stats = [await ray.get_actor(n, namespace=NAMESPACE).stats.remote() for n in await gw.backend.hosts()]
+        (pid,) = [int(st["pid"]) for st in stats if cid in st["active_ids"]]
+        os.kill(pid, signal.SIGKILL)
+
+        reply = await asyncio.wait_for(calling, TIMEOUT)
+        assert reply.is_error and text_of(reply)["error"] == "round_interrupted"
+        result = await owner.event(cid, "tool.result", call_id=started["data"]["call_id"])
+        assert (result["data"]["ok"], result["data"]["error"]) == (False, "round_interrupted")
+        log = await gw.backend.store.read_events(cid, 0, 100)
+        assert [(e.event, e.data.call_id) for e in log if e.event in ("tool.call", "tool.result")] == [  # type: ignore[union-attr]
+            ("tool.call", started["data"]["call_id"]), ("tool.result", started["data"]["call_id"])]   # once each
+        after = await s.call_tool("demo.clock", {})             # the session goes on, on the new host
+        assert not after.is_error
 
 
 # -- cancellation -------------------------------------------------------------------------------------------------

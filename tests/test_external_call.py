@@ -13,6 +13,7 @@ from actors.external_call import (
     ExternalCall,
     ExternalRules,
     ExternalSession,
+    Observed,
     Refused,
     effective_mode,
 )
@@ -166,6 +167,14 @@ async def test_an_external_call_a_crash_cut_observes_round_interrupted() -> None
     assert [(r.call_id, r.error, r.client) for r in results] == [("mcp-1.7", "round_interrupted", CLIENT),
                                                                  ("mcp-1.8", "round_interrupted", CLIENT)]
     assert h.conv.state.external["mcp-1"].progress.pending == []
+
+    # the same call sent again (a retry; a Ray gateway re-routing it after its host died) gets that
+    # observation, once durable, and runs nothing: no second tool.call or tool.result
+    logged = len(h.events)
+    again = await h.conv.external_call(call("demo.sleep", "mcp-1.7", seconds=60))
+    assert again == Observed(ok=False, error="round_interrupted")
+    await h.idle()
+    assert len(h.events) == logged
 
 
 def test_a_session_takes_the_name_its_client_gives_at_initialize() -> None:
