@@ -13,7 +13,16 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Coroutine,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -177,10 +186,6 @@ class Conversation:
         self._external: dict[str, asyncio.Task[ExternalReply]] = {}
         self._external_in_flight: dict[str, dict[str, Candidate]] = {}
         self._external_done: dict[str, ExternalReply] = {}
-        # Calls a crash cut (recovery: `interrupt_external_calls`), by call id: their observation is
-        # `round_interrupted`, and the client's retry — the Ray gateway re-routes a call whose host
-        # died — gets it once it is durable instead of running the tool a second time.
-        self._external_cut: dict[str, ExternalReply] = {}
 
     @property
     def conversation_id(self) -> str:
@@ -481,12 +486,15 @@ class Conversation:
             done = self._external_done.get(call.call_id)
             if done is not None:
                 return done
-            cut = self._external_cut.pop(call.call_id, None)
-            work = self._finished(call, cut) if cut is not None else self._external_call(call)
-            running = asyncio.get_running_loop().create_task(work)
-            self._external[call.call_id] = running
-            running.add_done_callback(lambda _: self._external.pop(call.call_id, None))
+            running = self._run_external(call.call_id, self._external_call(call))
         return await asyncio.shield(running)  # the caller may go; only `external_cancel` cuts the call
+
+    def _run_external(self, call_id: str, work: Coroutine[Any, Any, ExternalReply]) -> asyncio.Task[ExternalReply]:
+        """`work` as the call's run in flight: the same call id joins it until it ends in `_finished`."""
+        running = asyncio.get_running_loop().create_task(work)
+        self._external[call_id] = running
+        running.add_done_callback(lambda _: self._external.pop(call_id, None))
+        return running
 
     def external_cancel(self, call_id: str) -> bool:
         """The client cancelled the call: it observes `cancelled` (docs/design.md#observations)."""
@@ -611,7 +619,9 @@ class Conversation:
                                 call_id=called.call_id, tool_id=called.tool_id, params=dict(called.params))
             observation = Observation(called.call_id, called.tool_id, ok=False, error="round_interrupted")
             self._emit_external_result(call, observation)
-            self._external_cut[called.call_id] = Observed.of(observation)
+            # Its reply, once durable, as a run of the call: the same call sent again (the client's
+            # retry; the Ray gateway routing it here after its host died) gets it, and runs nothing.
+            self._run_external(called.call_id, self._finished(call, Observed.of(observation)))
         for session in self.state.external.values():
             session.progress.pending = []
 

@@ -476,9 +476,8 @@ async def test_a_call_whose_ray_host_is_killed_gets_round_interrupted_as_its_rep
         await owner.subscribe(cid)
         calling = asyncio.create_task(s.call_tool("demo.sleep", {"seconds": 600}))
         started = await owner.event(cid, "tool.call", tool_id="demo.sleep")
-        stats = [await ray.get_actor(n, namespace=NAMESPACE).stats.remote() for n in await gw.backend.hosts()]
-        (pid,) = [int(st["pid"]) for st in stats if cid in st["active_ids"]]
-        os.kill(pid, signal.SIGKILL)
+        host = ray.get_actor(await gw.backend.host_of(cid), namespace=NAMESPACE)  # type: ignore[union-attr]
+        os.kill(int((await host.stats.remote())["pid"]), signal.SIGKILL)
 
         reply = await asyncio.wait_for(calling, TIMEOUT)
         assert reply.is_error and text_of(reply)["error"] == "round_interrupted"

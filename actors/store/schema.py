@@ -60,7 +60,7 @@ POSTGRES = Dialect("postgresql", "%s", "text", "bigint", "double precision", "by
 # appends of hundreds of conversations, and keyed by (conversation_id, seq) each row would dirty a
 # leaf page of its own, written to the WAL and again at checkpoint; in rowid order the rows fill the
 # table's last pages and only the small index entries scatter. Measured on the writer's pattern (300
-# conversations, 60 events a commit): ~33 → ~20 µs of CPU per event (bench/README.md). A database
+# conversations, 60 events a commit): ~33 → ~21 µs of CPU per event (bench/README.md). A database
 # made before keeps its WITHOUT ROWID table, which reads and writes the same.
 _DDL = """
 CREATE TABLE IF NOT EXISTS conversations (
