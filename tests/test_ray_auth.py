@@ -42,14 +42,27 @@ GIVE_UP_SOON = {"RAY_gcs_server_port_wait_time_s": "3", "RAY_CLIENT_INITIAL_CONN
                 "RAY_CLIENT_MAX_CONNECTION_TIMEOUT_S": "3"}
 
 
+# Ray's proxier answers a client whose own server process exited as it started with this, before
+# any token is looked at (ray/util/client/server/proxier.py, Datapath). It happened once in CI
+# (stop 30) and never here in 13 runs, alone or beside the rehearsal; the driver then tries once
+# more, and a second failure shows the servers' own logs.
+SERVER_SPAWN_FAILED = "Starting Ray client server failed"
+
+
 def driver(cluster: Cluster, address: str, *, refused: bool, **auth: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in cluster.env().items() if not k.startswith("RAY_AUTH")}
     env["HOME"] = str(cluster.root / "driver-home")          # no ~/.ray/auth_token to fall back on
     if refused:
         env.update(GIVE_UP_SOON)
-    with ray_client_connecting() if address.startswith("ray://") else contextlib.nullcontext():
-        return subprocess.run([sys.executable, "-c", DRIVER, address], env={**env, **auth}, capture_output=True,
-                              text=True, timeout=180)
+    for _ in range(2):
+        with ray_client_connecting() if address.startswith("ray://") else contextlib.nullcontext():
+            done = subprocess.run([sys.executable, "-c", DRIVER, address], env={**env, **auth}, capture_output=True,
+                                  text=True, timeout=180)
+        if SERVER_SPAWN_FAILED not in done.stderr:
+            return done
+    done.stderr += "".join(f"\n== {log.name}\n{log.read_text()[-1500:]}"
+                           for log in sorted((cluster.root / "ray").glob("session_latest/logs/ray_client_server*.err")))
+    return done
 
 
 def addresses(cluster: Cluster) -> list[str]:
@@ -77,5 +90,5 @@ def test_a_driver_with_another_token_is_refused(cluster: Cluster, via: str, tmp_
 def test_a_driver_with_the_token_joins(cluster: Cluster, via: str) -> None:
     done = driver(cluster, addresses(cluster)[via == "ray client"], refused=False, RAY_AUTH_MODE="token",
                   RAY_AUTH_TOKEN_PATH=str(cluster.token_file))
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, done.stderr[-6000:]
     assert "JOINED 1" in done.stdout
