@@ -58,8 +58,9 @@ cut excluded: they waited through it by design); p50/p99 time to first token (us
 first answer chunk received: it includes the tool round, 4 fragments at 50 ms); turns; chunks lost,
 duplicated or out of order after a rejoin (and in all other turns). Then: the largest N with
 p99 ≤ 250 ms and every turn complete (the ramp stops at a system's first failing N; `--no-stop`
-runs them all), the ratios reactgate / peer at each N both ran, and reactgate's CPU per chunk as a
-multiple of the relay's. `--client-procs K` splits the users over K client processes (user g in process
+runs them all), the ratios reactgate / peer at each N both ran, reactgate's CPU per chunk as a
+multiple of the relay's, and each system's conversations per core (1e6 / µs per chunk / 20) at its
+cheapest N within the bar, and by CPU alone. `--client-procs K` splits the users over K client processes (user g in process
 g mod K, on the one schedule; the cut users drawn over all N): client 0 runs the warm-up turn, every
 process says READY, the orchestrator takes its CPU marks and says GO to all at once, and the window
 ends when the last says LOAD END; counts are summed, percentiles taken over all the processes' samples,
@@ -1227,11 +1228,47 @@ def summary(rows: list[Row], systems: list[str], bar_ms: float) -> None:
             mine, theirs = best.get(ours), best.get("peer")
             if other == "peer" and mine and theirs:
                 print(f"  largest N within the bar: {mine} / {theirs} = {mine / theirs:.2f}×")
+    per_core(rows, systems, bar_ms)
     peer_rejoins = [j for r in rows if r.system == "peer" and r.result for j in r.result["rejoins"]]
     if peer_rejoins:
         print(f"\npeer rejoins: {len(peer_rejoins)}, with a duplicate {sum(1 for j in peer_rejoins if j['dup'])}, "
               f"out of order {sum(1 for j in peer_rejoins if j['ooo'])}; ids as the server gave them, e.g. "
               f"{peer_rejoins[0]['last_event_id']!r}")
+
+
+def conversations_per_core(us_per_chunk: float) -> float:
+    """Issue 23's measure: one core's CPU over one conversation's, at CHUNK_S a chunk (50 µs → 1,000)."""
+    return 1e6 / (us_per_chunk / CHUNK_S)
+
+
+def per_core(rows: list[Row], systems: list[str], bar_ms: float) -> None:
+    """Conversations per core, judged the way issue 23 asks: by the server's CPU per delivered chunk at a
+    load where p99 ≤ the bar holds (the lowest of a system's passing N), and, apart, by CPU alone at
+    any N (what a system costs whatever its latency)."""
+    def lowest(s: str, passing: bool) -> Row | None:
+        found = [r for r in rows if r.system == s and r.server_us and (r.passes(bar_ms) or not passing)]
+        return min(found, key=lambda r: r.server_us or 0.0) if found else None
+
+    print(f"\nconversations per core at {1 / CHUNK_S:g} chunks/s (1e6 / server µs per chunk / {1 / CHUNK_S:g}):")
+    print("  system   within the bar (at N, µs/chunk)    by CPU alone, any N (at N, µs/chunk)")
+    at: dict[tuple[str, bool], float] = {}
+    for s in systems:
+        line = f"  {s:7}"
+        for passing in (True, False):
+            r = lowest(s, passing)
+            if r is None or r.server_us is None:
+                line += f"  {'none':>8}{'':26}"
+                continue
+            at[(s, passing)] = conversations_per_core(r.server_us)
+            line += f"  {at[(s, passing)]:8,.0f}{f' (N = {r.users}, {r.server_us:,.0f})':26}"
+        print(line.rstrip())
+    for ours in ("local", "ray"):
+        for passing, how in ((True, "within the bar"), (False, "by CPU alone")):
+            mine, theirs = at.get((ours, passing)), at.get(("peer", passing))
+            if mine and theirs:
+                print(f"  reactgate {ours} / peer, {how}: {mine / theirs:.1f}×")
+            elif mine and "peer" in systems:
+                print(f"  reactgate {ours} / peer, {how}: not defined (the peer has no N {how})")
 
 
 def main() -> int:
