@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -23,8 +24,10 @@ import mcp_types as types
 import pytest
 from mcp import MCPError
 
-from actors.agent import load_agent
+from actors.agent import Agent, load_agent
+from actors.hosting.local import LocalBackend
 from gateway.app import AgentSetup, local_backend
+from gateway.limits import quota_limits
 from gateway.server import GatewayServer
 from gateway.settings import Settings
 from tests.e2e import (
@@ -48,6 +51,7 @@ MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": 
 INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
     "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "probe", "version": "1"}}}
 EXECUTE = {"reactgate_access": "execute"}
+BACKENDS = ["local", pytest.param("ray", marks=pytest.mark.ray)]
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +71,28 @@ async def gw(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Lo
                               auth_secret=SECRET)
     async with server as s:
         yield s
+
+
+def ray_variant(request: pytest.FixtureRequest, default_agent: str | None = None, **config: Any) -> RayHosting:
+    """The module's Ray (`ray_cluster`: one `ray.init` per process) serving its RayConfig with `config`
+    replaced: another generation, whose hosts and tool pool the first gateway of it starts; the next
+    gateway of the module's own configuration makes that one current again (docs/design.md#generations)."""
+    hosting: RayHosting = request.getfixturevalue("ray_cluster")
+    return RayHosting(dataclasses.replace(hosting.config, **config), default_agent or hosting.default_agent)
+
+
+@contextlib.asynccontextmanager
+async def agent_server(agent: Agent, store_path: Path, **settings: Any) -> AsyncIterator[LocalServer]:
+    """`local_server`'s gateway, serving `agent` (its profile and its tools) instead of the demo agent."""
+    config = Settings(host="127.0.0.1", port=0, backend="local", store=store_url(store_path), **settings)
+    backend = local_backend(config, AgentSetup(agent.profile, agent.registry, None))
+    assert isinstance(backend, LocalBackend)
+    server = GatewayServer(config, backend)
+    host, port = await server.start()
+    try:
+        yield LocalServer(server, backend, config, host, port)
+    finally:
+        await server.drain()
 
 
 def names(listed: types.ListToolsResult) -> set[str]:
@@ -288,17 +314,24 @@ async def test_a_ws_subscriber_of_the_bound_conversation_sees_every_external_cal
     assert [e["seq"] for e in events] == [e.seq for e in await gw.log(cid)]   # the same log, durable
 
 
-async def test_the_agents_own_mcp_servers_tools_are_offered_under_the_same_rules(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_the_agents_own_mcp_servers_tools_are_offered_under_the_same_rules(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path,
+) -> None:
     """The agent of docs/examples/notes.toml, whose tools are an MCP server of its own: the face offers
-    them with the same governance. (Local backend only: the face calls the same `Backend` methods on
-    both, and the tool pool is the one the agent's turns use.)"""
+    them with the same governance, on both backends. On Ray the agent's registry travels in the
+    RayConfig (its MCP tools rebuilt from their sources in the tool pool, which runs the server) and
+    is served by a generation of its own on the module's Ray."""
     agent = await load_agent(REPO / "docs" / "examples" / "notes.toml")
-    settings = Settings(host="127.0.0.1", port=0, backend="local", store=store_url(tmp_path / "s.sqlite3"),
-                        auth_secret=SECRET)
-    server = GatewayServer(settings, local_backend(settings, AgentSetup(agent.profile, agent.registry, None)))
-    host, port = await server.start()
-    try:
-        url = f"http://{host}:{port}/mcp"
+    server: contextlib.AbstractAsyncContextManager[LocalServer]
+    if backend == "ray":
+        hosting = ray_variant(request, agent.profile.name, registry=agent.registry,
+                              profiles={agent.profile.name: agent.profile}, scripts={})
+        server = ray_server(hosting, auth_secret=SECRET)
+    else:
+        server = agent_server(agent, tmp_path / "s.sqlite3", auth_secret=SECRET)
+    async with server as gw:
+        url = mcp_url(gw.url)
         async with mcp_session(url, token("alice", **EXECUTE)) as (s, init):
             assert {"notes.read_note", "notes.list_notes", "notes.write_note", "notes.delete_note"} <= names(
                 await s.list_tools())
@@ -306,7 +339,7 @@ async def test_the_agents_own_mcp_servers_tools_are_offered_under_the_same_rules
             assert written.structured_content == {"key": "shopping", "replaced": False, "count": 1}
             read = await s.call_tool("notes.read_note", {"key": "shopping"})
             assert read.structured_content == {"key": "shopping", "text": "milk"}
-            log = await server.backend.store.read_events(conversation_of(init), 0, limit=100)  # type: ignore[attr-defined]
+            log = await gw.log(conversation_of(init))
             assert [(e.event, e.data.tool_id) for e in log] == [  # type: ignore[union-attr]
                 ("tool.call", "notes.write_note"), ("tool.result", "notes.write_note"),
                 ("tool.call", "notes.read_note"), ("tool.result", "notes.read_note")]
@@ -314,8 +347,6 @@ async def test_the_agents_own_mcp_servers_tools_are_offered_under_the_same_rules
             assert "notes.write_note" not in names(await s.list_tools())
             denied = await s.call_tool("notes.delete_note", {"key": "shopping"})
             assert denied.is_error and text_of(denied)["code"] == "ASK_MODE_DENIED"
-    finally:
-        await server.drain()
 
 
 # -- refusals at initialize, like /ws --------------------------------------------------------------------------------
@@ -348,11 +379,23 @@ async def test_a_foreign_token_or_a_foreign_conversation_is_refused_at_initializ
     assert [type(e) for e in leaves(refused.value)] == [MCPError]
 
 
-async def test_a_new_conversation_at_initialize_counts_against_the_open_conversations_quota(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_a_new_conversation_at_initialize_counts_against_the_open_conversations_quota(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path,
+) -> None:
     """The quota `open` checks on /ws (docs/design.md#quotas) refuses a session that would open one more:
-    429 and /ws's quota_exceeded frame. (Local backend: the Ray cluster's quotas are its RayConfig's.)"""
-    async with local_server(tmp_path / "s.sqlite3", SCRIPT, profile=face_profile(), auth_secret=SECRET,
-                            quota_open_conversations_per_user=1) as gw:
+    429 and /ws's quota_exceeded frame, on both backends. On Ray the limit is the RayConfig's (as
+    gateway/app.py's `ray_config` builds it from the settings), with a store of its own, as the local
+    gateway's: a generation of its own on the module's Ray."""
+    limits: dict[str, Any] = {"quota_open_conversations_per_user": 1}
+    server: contextlib.AbstractAsyncContextManager[LocalServer]
+    if backend == "ray":
+        hosting = ray_variant(request, quotas=quota_limits(Settings(**limits)),
+                              store_url=store_url(tmp_path / "ray.sqlite3"))
+        server = ray_server(hosting, auth_secret=SECRET, **limits)
+    else:
+        server = local_server(tmp_path / "s.sqlite3", SCRIPT, profile=face_profile(), auth_secret=SECRET, **limits)
+    async with server as gw:
         url = mcp_url(gw.url)
         async with mcp_session(url, token("alice")) as (_, init):
             cid = conversation_of(init)
