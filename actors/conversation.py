@@ -24,7 +24,7 @@ from collections.abc import (
     Sequence,
 )
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 
@@ -80,6 +80,7 @@ from protocol.timeline import Block, UserMessageBlock
 
 log = logging.getLogger("reactgate.conversation")
 MAX_EXTERNAL_REPLIES = 256   # finished external calls remembered, for a client's retry of one
+INTERRUPTED: Final = Observed(ok=False, error="round_interrupted")   # the reply of a call a crash cut
 MAX_EXTERNAL_SESSIONS = 64   # external sessions whose budget and approvals a snapshot keeps
 
 
@@ -106,6 +107,9 @@ class ConversationState(msgspec.Struct, kw_only=True):
     current: TurnProgress | None = None   # the running turn, resumed after a crash
     # External clients' sessions (docs/design.md#mcp-face): each one's budget, approvals and backstop
     external: dict[str, ExternalSession] = msgspec.field(default_factory=dict)
+    # Their calls a crash cut (the last MAX_EXTERNAL_REPLIES): a retry reaching any later activation
+    # gets `round_interrupted` again, and the tool, which may have run in part, does not run again.
+    interrupted_calls: list[str] = msgspec.field(default_factory=list)
 
     def holds_message(self, message_id: str) -> bool:
         """This user message is here: queued, running, or in the timeline."""
@@ -484,6 +488,8 @@ class Conversation:
         running = self._external.get(call.call_id)
         if running is None:
             done = self._external_done.get(call.call_id)
+            if done is None and call.call_id in self.state.interrupted_calls:  # cut, then reaped or evicted
+                done = INTERRUPTED
             if done is not None:
                 return done
             running = self._run_external(call.call_id, self._external_call(call))
@@ -610,18 +616,22 @@ class Conversation:
         self.emit(ToolCalled(turn_id=call.session_id, round=0, call_id=call.call_id, tool_id=call.tool_id,
                              params=dict(call.params), trait=trait, client=call.client))
 
-    def interrupt_external_calls(self, owed: Sequence[ToolCalled]) -> None:
+    def interrupt_external_calls(self, owed: Sequence[ToolCalled], settled: Sequence[str] = ()) -> None:
         """Recovery (docs/design.md#recovery): external calls a crash cut, each owed its one observation:
-        `round_interrupted` (a durable result, if the tool did finish, answers the client's retry)."""
+        `round_interrupted`. `settled`: calls the log already says were cut (a crash before the
+        snapshot that would have listed them). Both stay `interrupted_calls`: no retry runs them."""
+        cut = self.state.interrupted_calls
+        cut.extend(c for c in [*settled, *(called.call_id for called in owed)] if c not in cut)
+        del cut[:-MAX_EXTERNAL_REPLIES]
         for called in owed:
             assert called.client is not None
             call = ExternalCall(session_id=called.turn_id, client=called.client, access=Access.OBSERVE,
                                 call_id=called.call_id, tool_id=called.tool_id, params=dict(called.params))
-            observation = Observation(called.call_id, called.tool_id, ok=False, error="round_interrupted")
+            observation = Observation(called.call_id, called.tool_id, ok=False, error=INTERRUPTED.error)
             self._emit_external_result(call, observation)
             # Its reply, once durable, as a run of the call: the same call sent again (the client's
             # retry; the Ray gateway routing it here after its host died) gets it, and runs nothing.
-            self._run_external(called.call_id, self._finished(call, Observed.of(observation)))
+            self._run_external(called.call_id, self._finished(call, INTERRUPTED))
         for session in self.state.external.values():
             session.progress.pending = []
 

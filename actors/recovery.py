@@ -56,6 +56,8 @@ def _recover_external_calls(conv: Conversation, tail: Sequence[Event]) -> None:
     the snapshot lists those started before it (their session's pending calls), the tail those
     started after it; a result in the tail settles one."""
     results = {d.call_id for e in tail if isinstance(d := e.data, ToolResult) and d.client is not None}
+    settled = [d.call_id for e in tail
+               if isinstance(d := e.data, ToolResult) and d.client is not None and d.error == "round_interrupted"]
     owed: dict[str, ToolCalled] = {}
     for session in conv.state.external.values():
         for p in session.progress.pending:
@@ -65,9 +67,9 @@ def _recover_external_calls(conv: Conversation, tail: Sequence[Event]) -> None:
         if isinstance(d := event.data, ToolCalled) and d.client is not None:
             owed[d.call_id] = d
     cut = [c for call_id, c in owed.items() if call_id not in results]
-    if owed:
-        conv.interrupt_external_calls(cut)
-    if cut:
+    if owed or settled:
+        conv.interrupt_external_calls(cut, settled)
+    if cut or settled:
         conv.save()
 
 

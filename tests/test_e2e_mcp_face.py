@@ -39,6 +39,7 @@ from tests.e2e import (
     local_server,
     ray_hosting,
     ray_server,
+    read_log,
     store_url,
     token,
     weather_then_answer,
@@ -447,8 +448,9 @@ async def test_a_call_a_crash_cut_gets_its_result_when_the_conversation_comes_ba
     """`reactgate serve` is SIGKILLed while an external call runs; a new process on the same store
     activates the conversation, and the call observes `round_interrupted`: every tool.call keeps its one
     tool.result (docs/design.md#mcp-face). The client sending the call again, by its own call id, gets
-    that observation: the tool does not run a second time. Local backend: the Ray host's death is the
-    next test's."""
+    that observation: the tool does not run a second time — nor when the retry comes after the
+    conversation was passivated and activated again from its snapshot alone. Local backend: the Ray
+    host's death is the next test's."""
     (tmp_path / "face.toml").write_text(PROFILE.format(name="face", face="", timeout_s=30))
     (tmp_path / "script.json").write_text(json.dumps(SCRIPT))
     args = ["--agent", str(tmp_path / "face.toml"), "--script", str(tmp_path / "script.json")]
@@ -498,6 +500,17 @@ async def test_a_call_a_crash_cut_gets_its_result_when_the_conversation_comes_ba
             assert [(e["event"], e["data"]["tool_id"]) for e in owner.events[cid] if e["event"].startswith("tool.")] == [
                 ("tool.call", "demo.sleep"), ("tool.result", "demo.sleep"),       # the sleep ran once
                 ("tool.call", "demo.clock"), ("tool.result", "demo.clock")]
+        second.signal(signal.SIGTERM)            # passivated: the next activation has only the snapshot
+        assert await second.wait() == 0
+        await second.start()
+        async with mcp_session(mcp_url(second.url), token("alice", **EXECUTE),
+                               query=f"?conversation_id={cid}") as (s, _):
+            late = await asyncio.wait_for(s.call_tool("demo.sleep", {"seconds": 600}, meta=key), TIMEOUT)  # activations later
+            assert late.is_error and text_of(late)["error"] == "round_interrupted"
+        log = [e for e in await read_log(tmp_path / "store.sqlite3", cid) if e.event.startswith("tool.")]
+        assert [(e.event, e.data.tool_id) for e in log] == [  # type: ignore[union-attr]
+            ("tool.call", "demo.sleep"), ("tool.result", "demo.sleep"),           # still once: nothing ran
+            ("tool.call", "demo.clock"), ("tool.result", "demo.clock")]
     finally:
         second.stop()
 
@@ -507,7 +520,8 @@ async def test_a_call_whose_ray_host_is_killed_gets_round_interrupted_as_its_rep
     """The Ray side of the crash above: the gateway outlives the host. The host running the call is
     SIGKILLed; the gateway routes the call again, by its call id, to the conversation's next activation,
     whose recovery gave the cut call `round_interrupted` — which is the reply the MCP client gets, and the
-    log's one tool.result for its tool.call (docs/design.md#mcp-face). Nothing runs the call again."""
+    log's one tool.result for its tool.call (docs/design.md#mcp-face). Nothing runs the call again: not
+    that activation, nor the next, after its host is killed too, when the client retries by its call id."""
     import ray
 
     from actors.ray.names import NAMESPACE
@@ -517,10 +531,15 @@ async def test_a_call_whose_ray_host_is_killed_gets_round_interrupted_as_its_rep
             gw.client(token("alice")) as owner:
         cid = conversation_of(init)
         await owner.subscribe(cid)
-        calling = asyncio.create_task(s.call_tool("demo.sleep", {"seconds": 600}))
+        key = {"reactgate/call_id": "sleep-ray-1"}
+        calling = asyncio.create_task(s.call_tool("demo.sleep", {"seconds": 600}, meta=key))
         started = await owner.event(cid, "tool.call", tool_id="demo.sleep")
-        host = ray.get_actor(await gw.backend.host_of(cid), namespace=NAMESPACE)  # type: ignore[union-attr]
-        os.kill(int((await host.stats.remote())["pid"]), signal.SIGKILL)
+
+        async def kill_host() -> None:
+            host = ray.get_actor(await gw.backend.host_of(cid), namespace=NAMESPACE)  # type: ignore[union-attr]
+            os.kill(int((await host.stats.remote())["pid"]), signal.SIGKILL)
+
+        await kill_host()
 
         reply = await asyncio.wait_for(calling, TIMEOUT)
         assert reply.is_error and text_of(reply)["error"] == "round_interrupted"
@@ -531,6 +550,14 @@ async def test_a_call_whose_ray_host_is_killed_gets_round_interrupted_as_its_rep
             ("tool.call", started["data"]["call_id"]), ("tool.result", started["data"]["call_id"])]   # once each
         after = await s.call_tool("demo.clock", {})             # the session goes on, on the new host
         assert not after.is_error
+
+        await kill_host()                   # that host dies too: the next activation has no memory of the cut
+        late = await asyncio.wait_for(s.call_tool("demo.sleep", {"seconds": 600}, meta=key), TIMEOUT)  # a retry
+        assert late.is_error and text_of(late)["error"] == "round_interrupted"
+        log = await gw.backend.store.read_events(cid, 0, 100)
+        assert [(e.event, e.data.tool_id) for e in log if e.event.startswith("tool.")] == [  # type: ignore[union-attr]
+            ("tool.call", "demo.sleep"), ("tool.result", "demo.sleep"),   # the sleep never ran again
+            ("tool.call", "demo.clock"), ("tool.result", "demo.clock")]
 
 
 # -- cancellation -------------------------------------------------------------------------------------------------

@@ -7,6 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from actors.catalog import Catalog, Observation
+from actors.conversation import Conversation, ConversationState
+from actors.eventlog import EventLog
 from actors.external_call import (
     Access,
     ApprovalRoute,
@@ -26,7 +28,7 @@ from protocol.actions import ActionType
 from protocol.events import Event, ExternalClient, ToolCalled, ToolResult
 from protocol.frames import Mode
 from protocol.notices import NoticeCode
-from tests.convkit import answer_round, harness, rounds_script
+from tests.convkit import Harness, answer_round, harness, rounds_script
 from tests.mcpkit import big_profile, face_profile
 
 CLIENT = ExternalClient("mcp", "unit")
@@ -175,6 +177,40 @@ async def test_an_external_call_a_crash_cut_observes_round_interrupted() -> None
     assert again == Observed(ok=False, error="round_interrupted")
     await h.idle()
     assert len(h.events) == logged
+
+    # the conversation reaped and activated again from its snapshot, nothing of the first activation
+    # in memory: a retry still gets round_interrupted, and nothing runs or is logged
+    later, events = reactivated(h)
+    for call_id in ("mcp-1.7", "mcp-1.8"):
+        assert await later.external_call(call("demo.sleep", call_id, seconds=60)) == Observed(ok=False, error="round_interrupted")
+    await later.events.flush()
+    assert events == []                        # no tool.call: the sleep never started
+
+
+async def test_a_call_the_log_says_was_cut_is_not_run_by_a_later_retry() -> None:
+    """A crash after recovery logged `round_interrupted` but before its snapshot: the next recovery
+    finds the call settled in the tail, and a retry still runs nothing."""
+    h = harness(rounds_script(answer_round("unused")))
+    h.conv.state.external["mcp-1"] = ExternalSession.new("mcp-1", CLIENT, Access.EXECUTE)
+    cid = h.conv.conversation_id
+    tail = [Event.of(cid, 1, ToolCalled(turn_id="mcp-1", round=0, call_id="mcp-1.7", tool_id="demo.sleep",
+                                        params={"seconds": 60}, trait="neutral", client=CLIENT), 0.0),
+            Event.of(cid, 2, ToolResult(turn_id="mcp-1", call_id="mcp-1.7", tool_id="demo.sleep", ok=False, duration_ms=0,
+                                        error="round_interrupted", client=CLIENT), 0.0)]
+    recover(h.conv, tail)
+    await h.idle()
+    later, events = reactivated(h)
+    assert await later.external_call(call("demo.sleep", "mcp-1.7", seconds=60)) == Observed(ok=False, error="round_interrupted")
+    await later.events.flush()
+    assert events == []
+
+
+def reactivated(h: Harness) -> tuple[Conversation, list[Event]]:
+    """The conversation as an activation after a reap makes it: from its snapshot, with a log of its own."""
+    log = EventLog(h.conv.conversation_id)
+    events: list[Event] = []
+    log.subscribe(events.extend)
+    return Conversation(ConversationState.decode(h.conv.state.encode()), h.conv.profile, h.conv.runtime, log), events
 
 
 def test_a_session_takes_the_name_its_client_gives_at_initialize() -> None:
