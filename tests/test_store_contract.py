@@ -196,6 +196,22 @@ async def test_a_conflicting_append_fails_alone_in_its_batch(store: Store) -> No
     assert await store.last_seq("a") == 2 and await store.last_seq("b") == 2
 
 
+async def test_a_cancelled_caller_does_not_cancel_its_append_nor_the_writer(store: Store) -> None:
+    # The write may still commit after its caller went (the caller re-reads last_seq); the writer
+    # skips the caller's cancelled future and goes on committing the rest of the batch and the next.
+    first = asyncio.create_task(store.append_events("c", evs("c", 1, 2)))
+    second = asyncio.create_task(store.append_events("d", evs("d", 1, 1)))
+    await asyncio.sleep(0)                               # both queued with the writer
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    await second
+    await store.append_events("d", evs("d", 2, 2))
+    assert await store.last_seq("c") in (0, 2) and await store.last_seq("d") == 2
+    await store.append_events("c", evs("c", await store.last_seq("c") + 1, 3))    # re-read, then go on
+    assert [e.seq for e in await store.read_events("c", 0)][-1] == 3
+
+
 async def test_appends_queued_by_one_writer_commit_in_order(store: Store) -> None:
     # The single writer may pipeline appends without awaiting each one; FIFO keeps them valid.
     await asyncio.gather(*(store.append_events("c", evs("c", s, s)) for s in range(1, 21)))
