@@ -268,10 +268,12 @@ class Session:
         try:
             while sub.active and not self._closing:
                 stream: AsyncIterator[list[Event]] | None = None
+                opened_at = sub.enqueued
                 try:
-                    stream = self.backend.subscribe(self.owner, sub.conversation_id, sub.enqueued)
+                    # Live batches that follow on come straight to `_take`; the rest through the stream.
+                    stream = self.backend.subscribe(self.owner, sub.conversation_id, sub.enqueued,
+                                                    lambda batch: self._take(sub, batch))
                     async for batch in stream:
-                        before = sub.enqueued
                         if not await self._offer(sub, batch):
                             return
                         if batch and isinstance(batch[-1].data, ConversationDeleted):
@@ -279,13 +281,13 @@ class Session:
                             if self.subs.get(sub.conversation_id) is sub:
                                 del self.subs[sub.conversation_id]
                             return
-                        if sub.enqueued > before:
-                            failures = 0  # progress: a later failure starts a fresh series
                     return  # the backend ended the stream: it is stopping
                 except Forbidden:
                     self._end(sub, ErrorCode.FORBIDDEN, FORBIDDEN_MESSAGE)
                     return
                 except Exception as exc:
+                    if sub.enqueued > opened_at:
+                        failures = 0  # progress since the last (re)open: a fresh series
                     failures += 1
                     if failures > len(self.resubscribe_backoff_s):
                         if isinstance(exc, StoreUnavailable):  # a pause: the client resubscribes later
@@ -338,15 +340,28 @@ class Session:
                     self._overflow()
                     return False
                 continue
-            for event in batch[start : start + room]:
-                if event.seq > sub.enqueued:  # else already queued or delivered by this subscription
-                    queue.append(_Out(_Kind.EVENT, encode_event(event), sub, event.seq, event.ts))
-                    sub.enqueued = event.seq
-                    if overload is not None and event.ts >= sub.since:  # live, not a replay of history
-                        overload.arrived(now - event.ts)
+            self._queue_events(sub, batch[start : start + room], overload, now)
             start += room
             self._wake.set()
         return True
+
+    def _take(self, sub: _Subscription, batch: list[Event]) -> bool:
+        """A live batch handed over as it is published (actors/hosting/subscription.py, `direct`):
+        queued now if all of it fits, else declined, and it comes through the stream to `_offer`."""
+        if not sub.active or self._closing or len(batch) > self.max_events - len(self._queue):
+            return False
+        self._queue_events(sub, batch, self.overload, time.time())
+        self._wake.set()
+        return True
+
+    def _queue_events(self, sub: _Subscription, events: list[Event], overload: Overload | None, now: float) -> None:
+        queue = self._queue
+        for event in events:
+            if event.seq > sub.enqueued:  # else already queued or delivered by this subscription
+                queue.append(_Out(_Kind.EVENT, encode_event(event), sub, event.seq, event.ts))
+                sub.enqueued = event.seq
+                if overload is not None and event.ts >= sub.since:  # live, not a replay of history
+                    overload.arrived(now - event.ts)
 
     def _overflow(self) -> None:
         """Pause every subscription of this connection; tell the client where each stopped."""

@@ -119,7 +119,8 @@ class FakeBackend:
             await self._append(conv, conversation_id, "turn.started", {"user_message_id": command.id})
         return "accepted"
 
-    async def subscribe(self, owner: Owner, conversation_id: str, after_seq: int) -> AsyncIterator[list[Event]]:
+    async def subscribe(self, owner: Owner, conversation_id: str, after_seq: int,
+                        direct: Callable[[list[Event]], bool] | None = None) -> AsyncIterator[list[Event]]:
         conv = self._owned(owner, conversation_id)
         if self.broken:
             raise ConnectionError("host lost")

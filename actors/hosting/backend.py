@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from actors.external_call import Access, ExternalCall, ExternalReply, ExternalView
+from actors.hosting.subscription import Direct
 from actors.identity import Caller, Owner
 from actors.quotas import TenantUsage
 from protocol.events import Event, ExternalClient
@@ -141,10 +142,12 @@ class Backend(Protocol):
         Raises Forbidden."""
         ...
 
-    def subscribe(self, owner: Owner, conversation_id: str, after_seq: int) -> AsyncIterator[list[Event]]:
+    def subscribe(self, owner: Owner, conversation_id: str, after_seq: int,
+                  direct: Direct | None = None) -> AsyncIterator[list[Event]]:
         """Every durable event with seq > after_seq in order, then live ones, in batches.
         Raises Forbidden on first iteration if the caller does not own the conversation.
-        A deletion ends it with `conversation.deleted` (docs/design.md#deletion)."""
+        A deletion ends it with `conversation.deleted` (docs/design.md#deletion). `direct`: live
+        batches handed over as they are published, when it takes them (actors/hosting/subscription.py)."""
         ...
 
     async def delete(self, owner: Owner, conversation_id: str, request_id: str) -> AckStatus:

@@ -19,7 +19,7 @@ from actors.hosting.export import export_log
 from actors.hosting.host import HostCore
 from actors.hosting.listing import agent_list, conversation_page
 from actors.hosting.owners import Owners, deletion_key
-from actors.hosting.subscription import replay_then_live
+from actors.hosting.subscription import Direct, replay_then_live
 from actors.identity import Owner
 from actors.llm.stream import warm_up
 from actors.profile import AgentProfile
@@ -93,10 +93,11 @@ class LocalBackend:
         await self.owners.check(owner, conversation_id)
         return await self.host.command(conversation_id, command)  # type: ignore[return-value]
 
-    async def subscribe(self, owner: Owner, conversation_id: str, after_seq: int) -> AsyncIterator[list[Event]]:
+    async def subscribe(self, owner: Owner, conversation_id: str, after_seq: int,
+                        direct: Direct | None = None) -> AsyncIterator[list[Event]]:
         await self.owners.check(owner, conversation_id)
         async for batch in replay_then_live(
-            self.store, conversation_id, after_seq, lambda listener: self.host.listen(conversation_id, listener)
+            self.store, conversation_id, after_seq, lambda listener: self.host.listen(conversation_id, listener), direct
         ):
             yield batch
 

@@ -36,7 +36,7 @@ from actors.hosting.listing import agent_list, conversation_page
 from actors.hosting.meter import Meter
 from actors.hosting.owners import Owners, deletion_key
 from actors.hosting.placement import NoLiveHost
-from actors.hosting.subscription import replay_then_live
+from actors.hosting.subscription import Direct, replay_then_live
 from actors.identity import Owner
 from actors.quotas import TenantUsage
 from actors.ray.config import RayConfig
@@ -214,7 +214,8 @@ class RayBackend:
         await self.owners.check(owner, conversation_id)
         return await self._call(conversation_id, "command", command)  # type: ignore[no-any-return]
 
-    async def subscribe(self, owner: Owner, conversation_id: str, after_seq: int) -> AsyncIterator[list[Event]]:
+    async def subscribe(self, owner: Owner, conversation_id: str, after_seq: int,
+                        direct: Direct | None = None) -> AsyncIterator[list[Event]]:
         await self.owners.check(owner, conversation_id)
 
         async def attach(listener: Listener) -> Callable[[], None]:
@@ -235,7 +236,7 @@ class RayBackend:
                 raise
             return detach
 
-        async for batch in replay_then_live(self.store, conversation_id, after_seq, attach):
+        async for batch in replay_then_live(self.store, conversation_id, after_seq, attach, direct):
             yield batch
 
     async def delete(self, owner: Owner, conversation_id: str, request_id: str) -> AckStatus:
