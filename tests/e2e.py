@@ -199,7 +199,15 @@ async def local_server(
         profile = profile.model_copy(update={"policies": profile.policies.model_copy(update=dict(policies))})
     config = Settings(**{"host": "127.0.0.1", "port": 0, "backend": "local", "store": store_url(store_path), **settings})
     served = tuple(_playing(other, data) for other, data in others)
-    backend = local_backend(config, AgentSetup(profile, registry, None, served))
+    async with serving(config, AgentSetup(profile, registry, None, served)) as server:
+        yield server
+
+
+@contextlib.asynccontextmanager
+async def serving(config: Settings, setup: AgentSetup) -> AsyncIterator[LocalServer]:
+    """`setup` (its agents and their tools) assembled as production does (`gateway.app.local_backend`)
+    under `config`, started, and drained when the block ends."""
+    backend = local_backend(config, setup)
     assert isinstance(backend, LocalBackend)
     server = GatewayServer(config, backend)
     host, port = await server.start()

@@ -25,10 +25,8 @@ import pytest
 from mcp import MCPError
 
 from actors.agent import Agent, load_agent
-from actors.hosting.local import LocalBackend
-from gateway.app import AgentSetup, local_backend
+from gateway.app import AgentSetup
 from gateway.limits import quota_limits
-from gateway.server import GatewayServer
 from gateway.settings import Settings
 from tests.e2e import (
     REPO,
@@ -40,6 +38,7 @@ from tests.e2e import (
     ray_hosting,
     ray_server,
     read_log,
+    serving,
     store_url,
     token,
     weather_then_answer,
@@ -82,18 +81,10 @@ def ray_variant(request: pytest.FixtureRequest, default_agent: str | None = None
     return RayHosting(dataclasses.replace(hosting.config, **config), default_agent or hosting.default_agent)
 
 
-@contextlib.asynccontextmanager
-async def agent_server(agent: Agent, store_path: Path, **settings: Any) -> AsyncIterator[LocalServer]:
+def agent_server(agent: Agent, store_path: Path, **settings: Any) -> contextlib.AbstractAsyncContextManager[LocalServer]:
     """`local_server`'s gateway, serving `agent` (its profile and its tools) instead of the demo agent."""
     config = Settings(host="127.0.0.1", port=0, backend="local", store=store_url(store_path), **settings)
-    backend = local_backend(config, AgentSetup(agent.profile, agent.registry, None))
-    assert isinstance(backend, LocalBackend)
-    server = GatewayServer(config, backend)
-    host, port = await server.start()
-    try:
-        yield LocalServer(server, backend, config, host, port)
-    finally:
-        await server.drain()
+    return serving(config, AgentSetup(agent.profile, agent.registry, None))
 
 
 def names(listed: types.ListToolsResult) -> set[str]:
