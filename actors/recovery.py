@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from actors.conversation import Conversation, QueuedMessage
+from actors.conversation import INTERRUPTED, Conversation, QueuedMessage
 from actors.identity import Caller
 from actors.turn import Turn
 from actors.turn_machine import TurnProgress
@@ -57,7 +57,7 @@ def _recover_external_calls(conv: Conversation, tail: Sequence[Event]) -> None:
     started after it; a result in the tail settles one."""
     results = {d.call_id for e in tail if isinstance(d := e.data, ToolResult) and d.client is not None}
     settled = [d.call_id for e in tail
-               if isinstance(d := e.data, ToolResult) and d.client is not None and d.error == "round_interrupted"]
+               if isinstance(d := e.data, ToolResult) and d.client is not None and d.error == INTERRUPTED.error]
     owed: dict[str, ToolCalled] = {}
     for session in conv.state.external.values():
         for p in session.progress.pending:

@@ -169,10 +169,10 @@ def node_ports() -> list[str]:
 
 
 # Ray Client gives every client a server process of its own, on the first port from 23000 that the
-# head's proxier finds free (a bind test, then the server starts and binds it a second or two later). Two clusters on one machine (the rehearsal
-# and tests/test_ray_auth.py under pytest-xdist) that connect clients at once can both pick 23000,
-# and one server dies as it starts ("SpecificServer startup failed"). One connect at a time on the
-# machine closes that window.
+# head's proxier finds free (a bind test, then the server starts and binds it a second or two
+# later). Two clusters on one machine (the rehearsal and tests/test_ray_auth.py under pytest-xdist)
+# that connect clients at once can both pick 23000, and one server dies as it starts
+# ("SpecificServer startup failed"). One connect at a time on the machine closes that window.
 RAY_CLIENT_LOCK = Path("/tmp/reactgate-ray-client-connect.lock")
 
 

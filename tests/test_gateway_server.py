@@ -189,6 +189,21 @@ async def test_a_failed_backend_stream_resumes_without_gap_or_duplicate() -> Non
         assert h.backend.stream_faults == 0 and c.others == []
 
 
+async def test_a_stream_that_fails_again_after_progress_starts_a_fresh_series(monkeypatch: pytest.MonkeyPatch) -> None:
+    # One retry allowed per series: each failure below follows a delivered batch, so none ends it.
+    monkeypatch.setattr(Session, "resubscribe_backoff_s", (0.0,))
+    async with running() as h, h.client() as c:
+        cid = await c.open()
+        await c.request(type="subscribe", conversation_id=cid)
+        for n in (3, 6, 9):
+            h.backend.stream_faults = 1
+            await h.backend.emit(cid, 3)
+            await c.events_until(cid, n)
+        await h.backend.emit(cid, 1)
+        assert [e["seq"] for e in await c.events_until(cid, 10)] == list(range(1, 11))
+        assert h.backend.stream_faults == 0 and c.others == []
+
+
 async def test_a_stream_that_keeps_failing_ends_with_internal_and_last_seq(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(Session, "resubscribe_backoff_s", (0.0, 0.0))
     async with running() as h, h.client() as c:

@@ -42,10 +42,10 @@ GIVE_UP_SOON = {"RAY_gcs_server_port_wait_time_s": "3", "RAY_CLIENT_INITIAL_CONN
                 "RAY_CLIENT_MAX_CONNECTION_TIMEOUT_S": "3"}
 
 
-# Ray's proxier answers a client whose own server process exited as it started with this, before
-# any token is looked at (ray/util/client/server/proxier.py, Datapath). It happened once in CI
-# (stop 30) and never here in 13 runs, alone or beside the rehearsal; the driver then tries once
-# more, and a second failure shows the servers' own logs.
+# What Ray's proxier answers a client whose own server process exited as it started, before any
+# token is looked at. It happened once in CI (stop 30) and could not be made to happen here, alone
+# or beside the rehearsal; the driver then tries once more, and a second failure shows the servers'
+# own logs.
 SERVER_SPAWN_FAILED = "Starting Ray client server failed"
 
 
