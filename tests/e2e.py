@@ -230,18 +230,32 @@ class RayHosting:
 
 
 @contextlib.contextmanager
+def local_ray(env: Mapping[str, str] | None = None) -> Iterator[Any]:
+    """A Ray of this test module's own until the block ends (2 CPUs, no dashboard, reactgate's
+    namespace; `env`: its workers' environment variables). `address="local"`, as `RayBackend` starts
+    one: a bare `ray.init()` would join whatever cluster a `ray start` on this machine recorded."""
+    import ray
+
+    from actors.ray.names import NAMESPACE
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False,
+             runtime_env={"env_vars": dict(env)} if env else None)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+@contextlib.contextmanager
 def ray_hosting(
     root: Path, scripts: Mapping[str, Mapping[str, Any]], unscripted: Mapping[str, AgentProfile] | None = None,
     profiles: Mapping[str, AgentProfile] | None = None, store: str | None = None,
 ) -> Iterator[RayHosting]:
-    """`ray.init` (2 CPUs, no dashboard) until the block ends, with one agent per script: the demo
+    """`local_ray` until the block ends, with one agent per script: the demo
     profile (or the one `profiles` gives) named after the script's key, playing it (the first is the
     default agent); and each of `unscripted` as it is, calling its own models (a misconfigured one:
     never a real provider). `store`: another store than the SQLite file under `root`."""
-    import ray
-
     from actors.ray.config import RayConfig
-    from actors.ray.names import NAMESPACE
 
     registry = demo_registry()
     served: dict[str, AgentProfile] = {}
@@ -256,11 +270,8 @@ def ray_hosting(
     served.update(unscripted or {})
     config = RayConfig(store_url=store or store_url(root / "ray.sqlite3"), registry=registry, profiles=served,
                        scripts=files, hosts=2)
-    ray.init(num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
-    try:
+    with local_ray():
         yield RayHosting(config, next(iter(scripts)))
-    finally:
-        ray.shutdown()
 
 
 @contextlib.asynccontextmanager

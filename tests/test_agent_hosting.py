@@ -22,7 +22,6 @@ import pytest
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
-import ray
 
 from actors.agent import Agent, load_agent
 from actors.conversation import Runtime
@@ -33,12 +32,12 @@ from actors.llm.scripts import register_script
 from actors.llm.stream import stream_model
 from actors.ray.backend import RayBackend
 from actors.ray.config import RayConfig
-from actors.ray.names import NAMESPACE
 from actors.store import store_from_url
 from actors.tools.durable import DurableTools
 from actors.tools.executor import LocalToolExecutor
 from protocol.events import Event
 from protocol.notices import NoticeCode
+from tests.e2e import local_ray
 from tests.roundkit import action, call, thinking
 from tests.test_tools_mcp import HttpServer
 
@@ -214,10 +213,9 @@ def agents(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
 
 
 @pytest.fixture(scope="module")
-def ray_cluster() -> Any:
-    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
-    yield ray
-    ray.shutdown()
+def ray_cluster() -> Iterator[Any]:
+    with local_ray() as ray:
+        yield ray
 
 
 @pytest.fixture(params=["local", "ray"])

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from actors.agent import load_agent
-from tests.e2e import ServeProcess, token
+from tests.e2e import ServeProcess, local_ray, token
 from tests.kit import TIMEOUT, Client, client
 from tests.roundkit import action, call, complete, thinking
 
@@ -138,10 +138,7 @@ async def serve(agent_dir: Path, *, timeout_s: float = 300, name: str = "serve")
 @pytest.fixture(scope="module")
 def ray_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """A Ray of this module's own, and the agent loaded as `serve` loads it."""
-    import ray
-
     from actors.llm.scripts import register_script
-    from actors.ray.names import NAMESPACE
 
     root = tmp_path_factory.mktemp("confirm-ray")
     (root / "acme_tools.py").write_text(TOOLS)
@@ -151,12 +148,8 @@ def ray_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
     register_script("confirm-acme", root / "script.json")
     with ThreadPoolExecutor(1) as thread:   # a fixture a running test asks for: no asyncio.run on its loop
         agent = thread.submit(asyncio.run, load_agent(root / "acme.toml")).result()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False,
-             runtime_env={"env_vars": {"ACME_RUNS": str(root / "runs.log")}})
-    try:
+    with local_ray({"ACME_RUNS": str(root / "runs.log")}):
         yield {"root": root, "agent": agent}
-    finally:
-        ray.shutdown()
 
 
 @asynccontextmanager

@@ -16,13 +16,12 @@ import dataclasses
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import jwt
 import pytest
-import ray
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 
@@ -32,7 +31,6 @@ from actors.llm.scripts import register_script
 from actors.llm.stream import stream_model
 from actors.profile import AgentProfile, parse_profile
 from actors.ray.backend import RayBackend
-from actors.ray.names import NAMESPACE
 from actors.store import store_from_url
 from actors.tools.demo import demo_registry
 from actors.tools.durable import DurableTools
@@ -41,6 +39,7 @@ from gateway.app import AgentSetup, ray_config
 from gateway.limits import quota_limits
 from gateway.server import GatewayServer
 from gateway.settings import Settings
+from tests.e2e import local_ray
 from tests.kit import Client, client, http_get
 from tests.roundkit import action, call, complete, thinking
 
@@ -109,10 +108,9 @@ def store_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def ray_cluster() -> Any:
-    ray.init(num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
-    yield ray
-    ray.shutdown()
+def ray_cluster() -> Iterator[Any]:
+    with local_ray() as ray:
+        yield ray
 
 
 def _settings(store_url: str, **gateway: Any) -> Settings:

@@ -12,7 +12,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from actors.ray.config import RayConfig
 from actors.ray.generation import differences
 from actors.ray.names import NAMESPACE, generation_of, sharded_host, tool_pool
 from actors.tools.demo import demo_registry
+from tests.e2e import local_ray
 from tests.roundkit import action, call, thinking
 from tests.watchkit import Watch, contiguous
 
@@ -110,10 +111,9 @@ def test_host_names_carry_their_generation() -> None:
 
 
 @pytest.fixture(scope="module")
-def ray_cluster() -> Any:
-    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
-    yield ray
-    ray.shutdown()
+def ray_cluster() -> Iterator[Any]:
+    with local_ray() as ray:
+        yield ray
 
 
 async def _started(config: RayConfig) -> RayBackend:

@@ -11,7 +11,7 @@ import contextlib
 import gc
 import json
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from actors.tools.durable import DurableTools
 from actors.tools.executor import LocalToolExecutor
 from gateway.settings import Settings
 from protocol.events import Event
+from tests.e2e import local_ray
 from tests.roundkit import action, call, thinking
 from tests.watchkit import Watch, contiguous
 
@@ -138,10 +139,9 @@ def store_url(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="module")
-def ray_cluster() -> Any:
-    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
-    yield ray
-    ray.shutdown()
+def ray_cluster() -> Iterator[Any]:
+    with local_ray() as ray:
+        yield ray
 
 
 async def _ray_backend(store_url: str, script_files: dict[str, str]) -> RayBackend:

@@ -33,7 +33,7 @@ from actors.tools.demo import demo_registry
 from gateway.app import AgentSetup, local_backend
 from gateway.server import GatewayServer
 from gateway.settings import Settings
-from tests.e2e import check_log, store_url
+from tests.e2e import check_log, local_ray, store_url
 from tests.kit import TIMEOUT, Client, client
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -137,14 +137,8 @@ def stats(port: int) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[Any]:
-    import ray
-
-    from actors.ray.names import NAMESPACE
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False,
-             runtime_env={"env_vars": {KEY_ENV: "sk-mock"}})
-    yield ray
-    ray.shutdown()
+    with local_ray({KEY_ENV: "sk-mock"}) as ray:
+        yield ray
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module",

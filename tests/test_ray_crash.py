@@ -23,7 +23,7 @@ import os
 import signal
 import statistics
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -43,6 +43,7 @@ from actors.ray.config import RayConfig
 from actors.ray.names import DIRECTORY_NAME, NAMESPACE
 from actors.tools.demo import demo_registry
 from protocol.events import Event
+from tests.e2e import local_ray
 from tests.roundkit import action, thinking
 from tests.watchkit import Watch
 
@@ -82,11 +83,9 @@ def _profile(name: str) -> AgentProfile:
 
 
 @pytest.fixture(scope="module")
-def ray_cluster() -> Any:
-    # address="local": always a new cluster of our own, never one another process recorded
-    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
-    yield ray
-    ray.shutdown()
+def ray_cluster() -> Iterator[Any]:
+    with local_ray() as ray:
+        yield ray
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
