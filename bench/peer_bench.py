@@ -47,7 +47,9 @@ Everything runs on this machine, on loopback ports picked free, and stops by its
 - **relay** (`_relay`, this file): the floor. aiohttp SSE in, msgspec decode, websockets send: the
   same two model calls per turn, the tool as a dict lookup, each answer chunk sent as one small
   JSON frame; no governance, no store (a per-conversation in-memory list of sent frames, so that a cut
-  user can rejoin `after` its last seq).
+  user can rejoin `after` its last seq). It runs on the event loop `reactgate serve` would pick
+  (`--event-loop`; by default uvloop where it installs, `gateway/cli.py`), so that the floor and the
+  server differ by their path, not their loop.
 
 Per system and N (users, each running turns back to back for S seconds, started evenly over
 min(5, S/4) s after one warm-up turn; a 5% share of users is cut once mid-answer, in its second
@@ -314,13 +316,15 @@ def mock_main(port: int, impl: str = "ticker") -> int:
 # =====================================================================================================
 
 
-def relay_main(port: int, mock_url: str) -> int:
+def relay_main(port: int, mock_url: str, event_loop: str) -> int:
     import gc
 
     import aiohttp
     import msgspec
     from websockets.asyncio.server import serve
     from websockets.exceptions import ConnectionClosed
+
+    from gateway.cli import event_loop_factory
 
     # defstruct: class statements here would leave their annotations unresolvable (`from __future__ import annotations`)
     Function: Any = msgspec.defstruct("Function", [("name", str | None, None), ("arguments", str | None, None)])
@@ -431,8 +435,8 @@ def relay_main(port: int, mock_url: str) -> int:
             print(f"relay listening on {port}", flush=True)
             await asyncio.Event().wait()
 
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(main())
+    with contextlib.suppress(KeyboardInterrupt), asyncio.Runner(loop_factory=event_loop_factory(event_loop)) as runner:
+        runner.run(main())
     return 0
 
 
@@ -991,7 +995,8 @@ def run_one(system: str, users: int, args: argparse.Namespace, work: Path, mock:
                 url = f"ws://127.0.0.1:{port}/ws"
             elif system == "relay":
                 server = stack.enter_context(started(
-                    [*pin(args, SERVER_CPU), sys.executable, __file__, "_relay", "--port", str(port), "--mock", mock_url], env,
+                    [*pin(args, SERVER_CPU), sys.executable, __file__, "_relay", "--port", str(port), "--mock", mock_url,
+                     "--event-loop", args.event_loop or "auto"], env,
                     run_dir / "server.log"))
                 wait_until_up(server, port, "relay", run_dir / "server.log")
                 url, kind = f"ws://127.0.0.1:{port}", "relay"
@@ -1280,6 +1285,7 @@ def main() -> int:
         sub.add_argument("--procs", type=int, default=1)
         sub.add_argument("--port", type=int)
         sub.add_argument("--mock")
+        sub.add_argument("--event-loop", default="auto")
         sub.add_argument("--kind")
         sub.add_argument("--url")
         sub.add_argument("--users", type=int)
@@ -1291,7 +1297,7 @@ def main() -> int:
         if a.role == "_mock":
             return mock_main(a.port, a.impl)
         if a.role == "_relay":
-            return relay_main(a.port, a.mock)
+            return relay_main(a.port, a.mock, a.event_loop)
         return client_main(a)
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -1307,7 +1313,8 @@ def main() -> int:
     parser.add_argument("--sqlite-sync", choices=["FULL", "NORMAL"], default="FULL",
                         help="reactgate's SQLite synchronous mode (default FULL: an fsync per group commit)")
     parser.add_argument("--event-loop", choices=["auto", "uvloop", "asyncio"],
-                        help="reactgate's REACTGATE_EVENT_LOOP (default: unset, the server's own default)")
+                        help="reactgate's REACTGATE_EVENT_LOOP, and the relay's loop (default: unset, the server's own "
+                             "default: uvloop where it installs)")
     parser.add_argument("--overload-lag-ms", type=float,
                         help="reactgate's REACTGATE_OVERLOAD_LAG_MS (default: unset, the server's own; 0: not by the loop)")
     parser.add_argument("--overload-delivery-ms", type=float,
