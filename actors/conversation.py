@@ -84,6 +84,12 @@ INTERRUPTED: Final = Observed(ok=False, error="round_interrupted")   # the reply
 MAX_EXTERNAL_SESSIONS = 64   # external sessions whose budget and approvals a snapshot keeps
 
 
+def interrupted(call_id: str, tool_id: str) -> Observation:
+    """The observation of an external call a crash cut: logged as its result, recorded as its
+    durable result, replied as INTERRUPTED (docs/design.md#mcp-face)."""
+    return Observation(call_id, tool_id, ok=False, error=INTERRUPTED.error)
+
+
 class QueuedMessage(msgspec.Struct, frozen=True):
     message_id: str
     text: str
@@ -619,7 +625,9 @@ class Conversation:
     def interrupt_external_calls(self, owed: Sequence[ToolCalled], settled: Sequence[str] = ()) -> None:
         """Recovery (docs/design.md#recovery): external calls a crash cut, each owed its one observation:
         `round_interrupted`. `settled`: calls the log already says were cut (a crash before the
-        snapshot that would have listed them). Both stay `interrupted_calls`: no retry runs them."""
+        snapshot that would have listed them). Both stay `interrupted_calls` (the last
+        MAX_EXTERNAL_REPLIES; past those, the durable result their host records answers a retry):
+        no retry runs them."""
         cut = self.state.interrupted_calls
         cut.extend(c for c in [*settled, *(called.call_id for called in owed)] if c not in cut)
         del cut[:-MAX_EXTERNAL_REPLIES]
@@ -627,8 +635,7 @@ class Conversation:
             assert called.client is not None
             call = ExternalCall(session_id=called.turn_id, client=called.client, access=Access.OBSERVE,
                                 call_id=called.call_id, tool_id=called.tool_id, params=dict(called.params))
-            observation = Observation(called.call_id, called.tool_id, ok=False, error=INTERRUPTED.error)
-            self._emit_external_result(call, observation)
+            self._emit_external_result(call, interrupted(called.call_id, called.tool_id))
             # Its reply, once durable, as a run of the call: the same call sent again (the client's
             # retry; the Ray gateway routing it here after its host died) gets it, and runs nothing.
             self._run_external(called.call_id, self._finished(call, INTERRUPTED))

@@ -9,14 +9,17 @@ to the turn, which records them with its own emitters:
 - otherwise the turn re-decides after a `round_interrupted` notice; calls that round announced
   get an error observation, so no call is left without one;
 - a tool call whose result is durable is never executed again: the batch in progress is
-  re-submitted to the durable tool executor, which answers from the store where it can.
+  re-submitted to the durable tool executor, which answers from the store where it can;
+- an external client's call the crash cut observes `round_interrupted`; its host records that as the
+  call's durable result first (`cut_external_calls`), so a retry of it runs nothing, however late.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from actors.conversation import INTERRUPTED, Conversation, QueuedMessage
+from actors.catalog import Observation
+from actors.conversation import INTERRUPTED, Conversation, ConversationState, QueuedMessage, interrupted
 from actors.identity import Caller
 from actors.turn import Turn
 from actors.turn_machine import TurnProgress
@@ -51,24 +54,39 @@ def recover(conv: Conversation, tail: Sequence[Event], caller: Caller | None = N
     conv.resume()
 
 
-def _recover_external_calls(conv: Conversation, tail: Sequence[Event]) -> None:
-    """External clients' calls (docs/design.md#mcp-face) a crash cut, each owed its one observation:
-    the snapshot lists those started before it (their session's pending calls), the tail those
-    started after it; a result in the tail settles one."""
+def cut_external_calls(state: ConversationState, tail: Sequence[Event]) -> list[Observation]:
+    """The `round_interrupted` observation of each external call (docs/design.md#mcp-face) the crash
+    cut, and of each the tail says was cut (the crash may have come before its host recorded it). Its
+    host records each as the call's durable result before recovering: the conversation remembers only
+    its last cut calls, and a retry of an older one meets the durable result (actors/tools/durable.py)
+    and runs nothing."""
+    owed, settled = _external_calls(state, tail)
+    calls: list[ToolResult | ToolCalled] = [*settled, *owed]
+    return [interrupted(c.call_id, c.tool_id) for c in calls]
+
+
+def _external_calls(state: ConversationState, tail: Sequence[Event]) -> tuple[list[ToolCalled], list[ToolResult]]:
+    """External clients' calls a crash cut, each owed its one observation: the snapshot lists those
+    started before it (their session's pending calls), the tail those started after it; a result in
+    the tail settles one. And the results in the tail that say a call was cut."""
     results = {d.call_id for e in tail if isinstance(d := e.data, ToolResult) and d.client is not None}
-    settled = [d.call_id for e in tail
+    settled = [d for e in tail
                if isinstance(d := e.data, ToolResult) and d.client is not None and d.error == INTERRUPTED.error]
     owed: dict[str, ToolCalled] = {}
-    for session in conv.state.external.values():
+    for session in state.external.values():
         for p in session.progress.pending:
             owed[p.call_id] = ToolCalled(turn_id=session.session_id, round=0, call_id=p.call_id, tool_id=p.tool_id,
                                          params=p.params, trait="", client=session.client)
     for event in tail:
         if isinstance(d := event.data, ToolCalled) and d.client is not None:
             owed[d.call_id] = d
-    cut = [c for call_id, c in owed.items() if call_id not in results]
-    if owed or settled:
-        conv.interrupt_external_calls(cut, settled)
+    return [c for call_id, c in owed.items() if call_id not in results], settled
+
+
+def _recover_external_calls(conv: Conversation, tail: Sequence[Event]) -> None:
+    cut, settled = _external_calls(conv.state, tail)
+    if cut or settled or any(s.progress.pending for s in conv.state.external.values()):
+        conv.interrupt_external_calls(cut, [r.call_id for r in settled])
     if cut or settled:
         conv.save()
 

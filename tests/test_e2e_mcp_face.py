@@ -25,6 +25,8 @@ import pytest
 from mcp import MCPError
 
 from actors.agent import Agent, load_agent
+from actors.conversation import ConversationState
+from actors.store.sqlite import SqliteStore
 from gateway.app import AgentSetup
 from gateway.limits import quota_limits
 from gateway.settings import Settings
@@ -502,8 +504,38 @@ async def test_a_call_a_crash_cut_gets_its_result_when_the_conversation_comes_ba
         assert [(e.event, e.data.tool_id) for e in log] == [  # type: ignore[union-attr]
             ("tool.call", "demo.sleep"), ("tool.result", "demo.sleep"),           # still once: nothing ran
             ("tool.call", "demo.clock"), ("tool.result", "demo.clock")]
+
+        # The conversation forgets the cut, as it does once 256 later calls were cut: the retry is a call
+        # like any, and the `round_interrupted` recovery recorded as its durable result answers it.
+        second.signal(signal.SIGTERM)
+        assert await second.wait() == 0
+        await forget_cut_calls(tmp_path / "store.sqlite3", cid)
+        await second.start()
+        async with mcp_session(mcp_url(second.url), token("alice", **EXECUTE),
+                               query=f"?conversation_id={cid}") as (s, _):
+            forgotten = await asyncio.wait_for(s.call_tool("demo.sleep", {"seconds": 600}, meta=key), TIMEOUT)
+            assert forgotten.is_error and text_of(forgotten)["error"] == "round_interrupted"   # not a 600 s sleep
+        log = [e for e in await read_log(tmp_path / "store.sqlite3", cid) if e.event.startswith("tool.")]
+        assert [(e.event, e.data.tool_id, getattr(e.data, "error", None)) for e in log][4:] == [
+            ("tool.call", "demo.sleep", None), ("tool.result", "demo.sleep", "round_interrupted")]
     finally:
         second.stop()
+
+
+async def forget_cut_calls(store_path: Path, conversation_id: str) -> None:
+    """Empty the snapshot's `interrupted_calls`, the last cut calls a conversation remembers."""
+    store = SqliteStore(str(store_path))
+    await store.open()
+    try:
+        found = await store.load_snapshot(conversation_id)
+        assert found is not None
+        seq, data = found
+        state = ConversationState.decode(data)
+        assert state.interrupted_calls                # what is forgotten here
+        state.interrupted_calls = []
+        await store.save_snapshot(conversation_id, seq, state.encode())
+    finally:
+        await store.close()
 
 
 @pytest.mark.ray
@@ -539,6 +571,8 @@ async def test_a_call_whose_ray_host_is_killed_gets_round_interrupted_as_its_rep
         log = await gw.backend.store.read_events(cid, 0, 100)
         assert [(e.event, e.data.call_id) for e in log if e.event in ("tool.call", "tool.result")] == [  # type: ignore[union-attr]
             ("tool.call", started["data"]["call_id"]), ("tool.result", started["data"]["call_id"])]   # once each
+        recorded = await gw.backend.store.tool_result(cid, started["data"]["call_id"])   # type: ignore[union-attr]
+        assert recorded is not None and json.loads(recorded)["error"] == "round_interrupted"   # its durable result
         after = await s.call_tool("demo.clock", {})             # the session goes on, on the new host
         assert not after.is_error
 

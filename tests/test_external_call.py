@@ -20,7 +20,7 @@ from actors.external_call import (
     effective_mode,
 )
 from actors.gates import Candidate
-from actors.recovery import recover
+from actors.recovery import cut_external_calls, recover
 from actors.tools.demo import demo_registry
 from actors.turn_machine import Consent, PendingCall
 from gateway.mcp_catalog import SEARCH_TOOL, catalog_digest, listing, policy_digest, search
@@ -163,6 +163,10 @@ async def test_an_external_call_a_crash_cut_observes_round_interrupted() -> None
     announced = Event.of(h.conv.conversation_id, 1, ToolCalled(turn_id="mcp-1", round=0, call_id="mcp-1.8",
                                                                tool_id="demo.clock", params={}, trait="neutral",
                                                                client=CLIENT), 0.0)
+    # what the host records as the calls' durable results before it recovers (actors/hosting/host.py)
+    assert cut_external_calls(h.conv.state, [announced]) == [
+        Observation("mcp-1.7", "demo.sleep", ok=False, error="round_interrupted"),
+        Observation("mcp-1.8", "demo.clock", ok=False, error="round_interrupted")]
     recover(h.conv, [announced])                                                            # the tail: one more
     await h.idle()
     results = [e.data for e in h.events if isinstance(e.data, ToolResult)]
@@ -197,6 +201,8 @@ async def test_a_call_the_log_says_was_cut_is_not_run_by_a_later_retry() -> None
                                         params={"seconds": 60}, trait="neutral", client=CLIENT), 0.0),
             Event.of(cid, 2, ToolResult(turn_id="mcp-1", call_id="mcp-1.7", tool_id="demo.sleep", ok=False, duration_ms=0,
                                         error="round_interrupted", client=CLIENT), 0.0)]
+    # recorded again as its durable result (the crash may have come before that): the first write wins
+    assert cut_external_calls(h.conv.state, tail) == [Observation("mcp-1.7", "demo.sleep", ok=False, error="round_interrupted")]
     recover(h.conv, tail)
     await h.idle()
     later, events = reactivated(h)

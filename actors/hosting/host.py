@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -55,10 +56,11 @@ from actors.hosting.meter import Meter
 from actors.identity import Caller, Owner
 from actors.profile import AgentProfile
 from actors.quotas import QuotaExceeded, QuotaLimits
-from actors.recovery import recover
+from actors.recovery import cut_external_calls, recover
 from actors.store import IDEMPOTENCY_TTL_S, Store, Tombstoned
 from actors.store.base import StoreUnavailable
 from actors.store.outage import BATCH, DEFAULT_STORE_OUTAGE_S, RETRY_STATS, REVIVE, Backoff, retry_unavailable
+from actors.tools.durable import encode_result
 from protocol.events import ConversationDeleted, Event, ExternalClient
 from protocol.frames import title_of
 from protocol.timeline import UserMessageBlock
@@ -508,6 +510,13 @@ class HostCore:
         # A crash may have cut a turn after its last checkpoint (docs/design.md#recovery): apply the
         # log's tail, then resume whatever was running or queued.
         tail = await self.store.read_events(conversation_id, after, limit=last_seq - after) if last_seq > after else []
+        for cut in cut_external_calls(state, tail):
+            # An external call the crash cut (docs/design.md#mcp-face): its `round_interrupted` is its
+            # durable result before recovery resumes anything, so that a retry the conversation no
+            # longer remembers finds it and runs nothing. The first write wins: a result the tool
+            # recorded before the crash stays.
+            await self._retrying(functools.partial(self.store.record_tool_result, conversation_id, cut.call_id,
+                                                   encode_result(cut)))
         recover(conv, tail, Caller.of(owner))
         # A conversation busy again holds the slot it took before (its lease row); an idle one gives
         # back a slot a crash left taken (between its take and the checkpoint of its command).

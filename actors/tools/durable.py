@@ -19,7 +19,7 @@ from actors.identity import Caller
 from actors.store import Store
 from actors.store.outage import retry_unavailable
 
-_encode = msgspec.json.Encoder().encode
+encode_result = msgspec.json.Encoder().encode   # an Observation as the store keeps it
 _decode = msgspec.json.Decoder(Observation).decode
 
 
@@ -58,7 +58,7 @@ class DurableTools:
         return await retry_unavailable(lambda: self.store.tool_result(conversation_id, call_id))
 
     async def _record(self, conversation_id: str, obs: Observation) -> bool:
-        return await retry_unavailable(lambda: self.store.record_tool_result(conversation_id, obs.call_id, _encode(obs)))
+        return await retry_unavailable(lambda: self.store.record_tool_result(conversation_id, obs.call_id, encode_result(obs)))
 
     # -- the inner executor's, unchanged ----------------------------------------------------------
 
