@@ -92,7 +92,9 @@ async def test_a_round_cut_after_the_answer_streamed_is_continued_never_regenera
 async def test_a_cut_round_whose_continuation_starts_over_ends_partial(tmp_path: Path) -> None:
     store = tmp_path / "s.sqlite3"
     answer = "Rain in Paris all day long, twelve degrees, bring an umbrella and a coat. " * 3
-    response = text_round(thinking("Answering."), action(complete(answer)), chunk_chars=4, delay_ms=10)
+    # 56 chunks 40 ms apart: the drain below must cut the answer, and on a loaded CI worker it took more
+    # than the 0.56 s that 10 ms apart gave it (the whole answer streamed first: 222 < 222)
+    response = text_round(thinking("Answering."), action(complete(answer)), chunk_chars=4, delay_ms=40)
     streaming = script(text_round(thinking("Checking."), action(call("demo.weather", city="Paris"))),
                        response, response)                 # asked to continue, it plays its next round
     async with local_server(store, streaming) as first, first.client() as c:
