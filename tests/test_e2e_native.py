@@ -45,7 +45,8 @@ async def test_the_native_demo_calls_its_tool_and_streams_its_answer(tmp_path: P
 async def test_a_native_answer_cut_by_a_server_fault_is_continued_never_regenerated(tmp_path: Path) -> None:
     store = tmp_path / "s.sqlite3"
     answer = "Rain in Paris all day long, twelve degrees, bring an umbrella and a coat. " * 3
-    streaming = native_script(weather_call(), {"native": [{"text": answer}], "chunk_chars": 4, "delay_ms": 10},
+    # 80 of the answer's 222 characters, then silence: the drain below always cuts the answer there
+    streaming = native_script(weather_call(), {"native": [{"text": answer}], "chunk_chars": 4, "hang_after": 20},
                               continues=True)
     profile = DEMO_NATIVE.model_copy(update={"policies": DEMO_NATIVE.policies.model_copy(
         update={"preamble_hold_chars": 20})})

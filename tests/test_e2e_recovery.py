@@ -21,12 +21,21 @@ from tests.e2e import (
     thinking,
 )
 
+# A first server's round goes silent part-way (`hang_after` deltas of 4 characters) and never ends by
+# itself, so the drain that follows always cuts it there, however slow the machine: no race against the
+# stream. The second server's calls have the next call indexes, which play the rounds after it.
+CHECK_WEATHER = thinking("Let me check the forecast for Paris before I answer. " * 3) + action(call("demo.weather", city="Paris"))
 SLOW_THINKING_THEN_WEATHER = script(
-    text_round(thinking("Let me check the forecast for Paris before I answer. " * 3),
-               action(call("demo.weather", city="Paris")), chunk_chars=4, delay_ms=10),
+    text_round(CHECK_WEATHER, chunk_chars=4, hang_after=20),    # 80 of the thinking's 177 characters
+    text_round(CHECK_WEATHER, chunk_chars=4),
     text_round(thinking("Answering."), action(complete("Rain in Paris, 12 °C."))),
-    loop=True,
 )
+ANSWER = "Rain in Paris all day long, twelve degrees, bring an umbrella and a coat. " * 3
+
+
+def answering(**fields: object) -> dict[str, object]:
+    """The round that answers: 111 characters of thinking and action before the answer's first."""
+    return text_round(thinking("Answering."), action(complete(ANSWER)), chunk_chars=4, **fields)
 
 
 async def test_a_round_cut_before_any_answer_is_decided_again_after_round_interrupted(tmp_path: Path) -> None:
@@ -57,11 +66,9 @@ async def test_a_round_cut_before_any_answer_is_decided_again_after_round_interr
 
 async def test_a_round_cut_after_the_answer_streamed_is_continued_never_regenerated_nor_cut(tmp_path: Path) -> None:
     store = tmp_path / "s.sqlite3"
-    answer = "Rain in Paris all day long, twelve degrees, bring an umbrella and a coat. " * 3
-    response = text_round(thinking("Answering."), action(complete(answer)), chunk_chars=4, delay_ms=10)
     streaming = script(
         text_round(thinking("Checking."), action(call("demo.weather", city="Paris"))),
-        response,
+        answering(hang_after=40),  # 49 characters of the answer, then silence
     )
     streaming["continues"] = True   # a model that, asked to continue, continues where it stopped
     async with local_server(store, streaming) as first, first.client() as c:
@@ -73,7 +80,7 @@ async def test_a_round_cut_after_the_answer_streamed_is_continued_never_regenera
         await c.closed()
     seen = list(c.events[cid])
     before = "".join(e["data"]["text"] for e in seen if e["event"] == "answer.delta")
-    assert 0 < len(before) < len(answer)
+    assert 0 < len(before) < len(ANSWER)
 
     async with local_server(store, streaming) as second, second.client() as c:
         await c.subscribe(cid, after_seq=seen[-1]["seq"])
@@ -82,8 +89,8 @@ async def test_a_round_cut_after_the_answer_streamed_is_continued_never_regenera
         assert comparable(union) == comparable(as_frames(await second.log(cid)))
     check_log(union)
     streamed = "".join(e["data"]["text"] for e in union if e["event"] == "answer.delta")
-    assert streamed == answer                                  # each character once: nothing repeated
-    assert (done["data"]["reason"], done["data"]["final_answer"]) == ("complete", answer)
+    assert streamed == ANSWER                                  # each character once: nothing repeated
+    assert (done["data"]["reason"], done["data"]["final_answer"]) == ("complete", ANSWER)
     assert "partial" not in done["data"]
     assert [e["data"]["turn_id"] for e in union if e["event"] == "turn.completed"] == ["t1"]
     assert [e["data"]["round"] for e in union if e["event"] == "round.completed"] == [1, 2]
@@ -91,12 +98,9 @@ async def test_a_round_cut_after_the_answer_streamed_is_continued_never_regenera
 
 async def test_a_cut_round_whose_continuation_starts_over_ends_partial(tmp_path: Path) -> None:
     store = tmp_path / "s.sqlite3"
-    answer = "Rain in Paris all day long, twelve degrees, bring an umbrella and a coat. " * 3
-    # 56 chunks 40 ms apart: the drain below must cut the answer, and on a loaded CI worker it took more
-    # than the 0.56 s that 10 ms apart gave it (the whole answer streamed first: 222 < 222)
-    response = text_round(thinking("Answering."), action(complete(answer)), chunk_chars=4, delay_ms=40)
     streaming = script(text_round(thinking("Checking."), action(call("demo.weather", city="Paris"))),
-                       response, response)                 # asked to continue, it plays its next round
+                       answering(hang_after=40),           # 49 characters of the answer, then silence
+                       answering())                        # asked to continue, it plays its next round
     async with local_server(store, streaming) as first, first.client() as c:
         cid = await c.open()
         await c.subscribe(cid)
@@ -112,5 +116,5 @@ async def test_a_cut_round_whose_continuation_starts_over_ends_partial(tmp_path:
         union = seen + c.events[cid]
     check_log(union)
     streamed = "".join(e["data"]["text"] for e in union if e["event"] == "answer.delta")
-    assert 0 < len(streamed) < len(answer) and answer.startswith(streamed)
+    assert 0 < len(streamed) < len(ANSWER) and ANSWER.startswith(streamed)
     assert (done["data"]["reason"], done["data"]["final_answer"], done["data"]["partial"]) == ("salvaged", streamed, True)
