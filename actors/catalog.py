@@ -135,6 +135,12 @@ class ToolExecutor(Protocol):
 
     async def reset_exploration(self, conversation_id: str) -> None: ...
 
+    async def cut(self, conversation_id: str, call_ids: Sequence[str]) -> None:
+        """External calls a crash cut, whose `round_interrupted` their conversation's next activation
+        recorded as their result (docs/design.md#mcp-face): stop any run of them still going. Only an
+        executor that outlives a host (the Ray tool pool) can hold one."""
+        ...
+
     def export_conversation(self, conversation_id: str) -> dict[str, Any]:
         """The conversation's executor state as plain data, for its snapshot."""
         ...

@@ -26,6 +26,7 @@ from mcp import MCPError
 
 from actors.agent import Agent, load_agent
 from actors.conversation import ConversationState
+from actors.store.base import Store
 from actors.store.sqlite import SqliteStore
 from gateway.app import AgentSetup
 from gateway.limits import quota_limits
@@ -509,7 +510,8 @@ async def test_a_call_a_crash_cut_gets_its_result_when_the_conversation_comes_ba
         # like any, and the `round_interrupted` recovery recorded as its durable result answers it.
         second.signal(signal.SIGTERM)
         assert await second.wait() == 0
-        await forget_cut_calls(tmp_path / "store.sqlite3", cid)
+        async with SqliteStore(str(tmp_path / "store.sqlite3")) as store:
+            await forget_cut_calls(store, cid)
         await second.start()
         async with mcp_session(mcp_url(second.url), token("alice", **EXECUTE),
                                query=f"?conversation_id={cid}") as (s, _):
@@ -522,20 +524,15 @@ async def test_a_call_a_crash_cut_gets_its_result_when_the_conversation_comes_ba
         second.stop()
 
 
-async def forget_cut_calls(store_path: Path, conversation_id: str) -> None:
+async def forget_cut_calls(store: Store, conversation_id: str) -> None:
     """Empty the snapshot's `interrupted_calls`, the last cut calls a conversation remembers."""
-    store = SqliteStore(str(store_path))
-    await store.open()
-    try:
-        found = await store.load_snapshot(conversation_id)
-        assert found is not None
-        seq, data = found
-        state = ConversationState.decode(data)
-        assert state.interrupted_calls                # what is forgotten here
-        state.interrupted_calls = []
-        await store.save_snapshot(conversation_id, seq, state.encode())
-    finally:
-        await store.close()
+    found = await store.load_snapshot(conversation_id)
+    assert found is not None
+    seq, data = found
+    state = ConversationState.decode(data)
+    assert state.interrupted_calls                # what is forgotten here
+    state.interrupted_calls = []
+    await store.save_snapshot(conversation_id, seq, state.encode())
 
 
 @pytest.mark.ray
@@ -544,45 +541,70 @@ async def test_a_call_whose_ray_host_is_killed_gets_round_interrupted_as_its_rep
     SIGKILLed; the gateway routes the call again, by its call id, to the conversation's next activation,
     whose recovery gave the cut call `round_interrupted` — which is the reply the MCP client gets, and the
     log's one tool.result for its tool.call (docs/design.md#mcp-face). Nothing runs the call again: not
-    that activation, nor the next, after its host is killed too, when the client retries by its call id."""
+    that activation, nor the next, after its host is killed too, when the client retries by its call id;
+    nor one that has forgotten the cut (past its last 256), whose retry the call's durable result answers."""
     import ray
 
-    from actors.ray.names import NAMESPACE
+    from actors.ray.names import NAMESPACE, generation_of, tool_pool
 
-    async with ray_server(ray_cluster, auth_secret=SECRET) as gw, \
-            mcp_session(mcp_url(gw.url), token("alice", **EXECUTE)) as (s, init), \
-            gw.client(token("alice")) as owner:
-        cid = conversation_of(init)
-        await owner.subscribe(cid)
-        key = {"reactgate/call_id": "sleep-ray-1"}
-        calling = asyncio.create_task(s.call_tool("demo.sleep", {"seconds": 600}, meta=key))
-        started = await owner.event(cid, "tool.call", tool_id="demo.sleep")
+    async def kill_host(gw: LocalServer, cid: str) -> None:
+        host = ray.get_actor(await gw.backend.host_of(cid), namespace=NAMESPACE)  # type: ignore[union-attr]
+        os.kill(int((await host.stats.remote())["pid"]), signal.SIGKILL)
 
-        async def kill_host() -> None:
-            host = ray.get_actor(await gw.backend.host_of(cid), namespace=NAMESPACE)  # type: ignore[union-attr]
-            os.kill(int((await host.stats.remote())["pid"]), signal.SIGKILL)
+    async with ray_server(ray_cluster, auth_secret=SECRET) as gw:
+        async with mcp_session(mcp_url(gw.url), token("alice", **EXECUTE)) as (s, init), \
+                gw.client(token("alice")) as owner:
+            cid = conversation_of(init)
+            await owner.subscribe(cid)
+            key = {"reactgate/call_id": "sleep-ray-1"}
+            calling = asyncio.create_task(s.call_tool("demo.sleep", {"seconds": 600}, meta=key))
+            started = await owner.event(cid, "tool.call", tool_id="demo.sleep")
+            generation = generation_of(await gw.backend.host_of(cid))   # type: ignore[union-attr]
+            assert generation is not None
+            pool = ray.get_actor(tool_pool(generation), namespace=NAMESPACE)
 
-        await kill_host()
+            async def running() -> None:   # the sleep has reached the pool, which outlives the host
+                while (await pool.stats.remote())["inflight"] != 1:
+                    await asyncio.sleep(0.005)
 
-        reply = await asyncio.wait_for(calling, TIMEOUT)
-        assert reply.is_error and text_of(reply)["error"] == "round_interrupted"
-        result = await owner.event(cid, "tool.result", call_id=started["data"]["call_id"])
-        assert (result["data"]["ok"], result["data"]["error"]) == (False, "round_interrupted")
-        log = await gw.backend.store.read_events(cid, 0, 100)
-        assert [(e.event, e.data.call_id) for e in log if e.event in ("tool.call", "tool.result")] == [  # type: ignore[union-attr]
-            ("tool.call", started["data"]["call_id"]), ("tool.result", started["data"]["call_id"])]   # once each
-        recorded = await gw.backend.store.tool_result(cid, started["data"]["call_id"])   # type: ignore[union-attr]
-        assert recorded is not None and json.loads(recorded)["error"] == "round_interrupted"   # its durable result
-        after = await s.call_tool("demo.clock", {})             # the session goes on, on the new host
-        assert not after.is_error
+            await asyncio.wait_for(running(), TIMEOUT)
+            await kill_host(gw, cid)
 
-        await kill_host()                   # that host dies too: the next activation has no memory of the cut
-        late = await asyncio.wait_for(s.call_tool("demo.sleep", {"seconds": 600}, meta=key), TIMEOUT)  # a retry
-        assert late.is_error and text_of(late)["error"] == "round_interrupted"
-        log = await gw.backend.store.read_events(cid, 0, 100)
-        assert [(e.event, e.data.tool_id) for e in log if e.event.startswith("tool.")] == [  # type: ignore[union-attr]
-            ("tool.call", "demo.sleep"), ("tool.result", "demo.sleep"),   # the sleep never ran again
-            ("tool.call", "demo.clock"), ("tool.result", "demo.clock")]
+            reply = await asyncio.wait_for(calling, TIMEOUT)
+            assert reply.is_error and text_of(reply)["error"] == "round_interrupted"
+            result = await owner.event(cid, "tool.result", call_id=started["data"]["call_id"])
+            assert (result["data"]["ok"], result["data"]["error"]) == (False, "round_interrupted")
+            log = await gw.backend.store.read_events(cid, 0, 100)
+            assert [(e.event, e.data.call_id) for e in log if e.event in ("tool.call", "tool.result")] == [  # type: ignore[union-attr]
+                ("tool.call", started["data"]["call_id"]), ("tool.result", started["data"]["call_id"])]   # once each
+            recorded = await gw.backend.store.tool_result(cid, started["data"]["call_id"])   # type: ignore[union-attr]
+            assert recorded is not None and json.loads(recorded)["error"] == "round_interrupted"   # its durable result
+            stats = await pool.stats.remote()
+            assert (stats["cut"], stats["inflight"]) == (1, 0)   # the sleep the dead host sent stopped there
+            after = await s.call_tool("demo.clock", {})             # the session goes on, on the new host
+            assert not after.is_error
+
+            await kill_host(gw, cid)                   # that host dies too: the next activation has no memory of the cut
+            late = await asyncio.wait_for(s.call_tool("demo.sleep", {"seconds": 600}, meta=key), TIMEOUT)  # a retry
+            assert late.is_error and text_of(late)["error"] == "round_interrupted"
+            log = await gw.backend.store.read_events(cid, 0, 100)
+            assert [(e.event, e.data.tool_id) for e in log if e.event.startswith("tool.")] == [  # type: ignore[union-attr]
+                ("tool.call", "demo.sleep"), ("tool.result", "demo.sleep"),   # the sleep never ran again
+                ("tool.call", "demo.clock"), ("tool.result", "demo.clock")]
+
+        # The conversation forgets the cut, as it does once 256 later calls were cut, and the retry is a call
+        # like any: the `round_interrupted` recovery recorded as the call's durable result answers it in the
+        # tool pool. Nothing is connected while the host dies and the snapshot is edited, so the activation
+        # the retry's session makes is the first to read the edited snapshot.
+        await kill_host(gw, cid)
+        await forget_cut_calls(gw.backend.store, cid)   # type: ignore[attr-defined]
+        async with mcp_session(mcp_url(gw.url), token("alice", **EXECUTE),
+                               query=f"?conversation_id={cid}") as (s, _):
+            forgotten = await asyncio.wait_for(s.call_tool("demo.sleep", {"seconds": 600}, meta=key), TIMEOUT)
+            assert forgotten.is_error and text_of(forgotten)["error"] == "round_interrupted"   # not a 600 s sleep
+        log = await gw.backend.store.read_events(cid, 0, 100)   # type: ignore[attr-defined]
+        assert [(e.event, e.data.tool_id, getattr(e.data, "error", None)) for e in log if e.event.startswith("tool.")][4:] == [
+            ("tool.call", "demo.sleep", None), ("tool.result", "demo.sleep", "round_interrupted")]
 
 
 # -- cancellation -------------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import pytest
 from actors.catalog import Observation, ToolCall, Trait
 from actors.store import Store, open_store
 from actors.tools.demo import demo_registry
+from actors.tools.durable import encode_result
 from actors.tools.pool import ToolPool
 from actors.tools.registry import Params, Tool, ToolContext, ToolRegistry
 
@@ -119,7 +120,7 @@ async def test_a_resubmitted_batch_joins_the_calls_in_flight_and_each_runs_once(
     a, b = await asyncio.wait_for(asyncio.gather(first, again), TIMEOUT)
     assert tool.runs == 1
     assert a == b == [Observation("t1.1.0", "test.gated", ok=True, result={"run": 1}, duration_ms=a[0].duration_ms)]
-    assert pool.stats() == {"executed": {CID: 1}, "joined": 1, "inflight": 0}
+    assert pool.stats() == {"executed": {CID: 1}, "joined": 1, "inflight": 0, "cut": 0}
 
 
 async def test_a_partly_overlapping_batch_runs_only_its_new_calls(store: Store) -> None:
@@ -136,6 +137,53 @@ async def test_a_partly_overlapping_batch_runs_only_its_new_calls(store: Store) 
     assert tool.runs == 2
     assert joined == only and new.call_id == "t1.1.1"
     assert pool.stats()["executed"] == {CID: 2}
+
+
+# -- external calls a host crash cut (docs/design.md#mcp-face) ------------------------------------
+
+
+async def test_cutting_a_call_cancels_the_batch_its_dead_host_left_running(store: Store) -> None:
+    tool = GatedTool()
+    pool = ToolPool(store, tool.registry())
+    cut = ToolCall("mcp.1", "test.gated", {})
+    orphan = asyncio.create_task(pool.execute_batch(CID, "mcp-s", [cut], exploration_cap=5, timeout_s=60))
+    await asyncio.wait_for(tool.started.wait(), TIMEOUT)
+    await pool.cut(CID, ["mcp.1"])
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(orphan, TIMEOUT)
+    assert (pool.stats()["cut"], pool.stats()["inflight"], tool.runs) == (1, 0, 1)
+    assert await store.tool_result(CID, "mcp.1") is None   # a cut run records nothing: the activation did
+
+
+async def test_only_a_batch_whose_every_call_is_cut_is_cancelled(store: Store) -> None:
+    tool = GatedTool()
+    pool = ToolPool(store, tool.registry())
+    both = [ToolCall("t1.1.0", "test.gated", {}), ToolCall("t1.1.1", "test.gated", {})]
+    batch = asyncio.create_task(pool.execute_batch(CID, "t1", both, exploration_cap=5, timeout_s=60))
+    await until(lambda: tool.runs == 2)
+    await pool.cut(CID, ["t1.1.0"])
+    await pool.cut("c_other", ["t1.1.1"])                # another conversation's call of that id
+    tool.gate.set()
+    assert [o.ok for o in await asyncio.wait_for(batch, TIMEOUT)] == [True, True]
+    assert pool.stats()["cut"] == 0
+
+
+async def test_a_retry_of_a_call_whose_result_is_recorded_gets_it_rather_than_join_the_run(store: Store) -> None:
+    """The activation recorded `round_interrupted` for the cut call, and the pool missed its `cut` (or
+    the retry came first): the retry gets the record at once, not the run's result minutes later."""
+    tool = GatedTool()
+    pool = ToolPool(store, tool.registry())
+    call = ToolCall("mcp.1", "test.gated", {})
+    orphan = asyncio.create_task(pool.execute_batch(CID, "mcp-s", [call], exploration_cap=5, timeout_s=60))
+    await asyncio.wait_for(tool.started.wait(), TIMEOUT)
+    interrupted = Observation("mcp.1", "test.gated", ok=False, error="round_interrupted")
+    assert await store.record_tool_result(CID, "mcp.1", encode_result(interrupted))
+    [again] = await asyncio.wait_for(pool.execute_batch(CID, "mcp-s", [call], exploration_cap=5, timeout_s=60), TIMEOUT)
+    assert again == interrupted and pool.stats()["joined"] == 0
+    tool.gate.set()
+    [late] = await asyncio.wait_for(orphan, TIMEOUT)       # the run ends: its result loses to the record
+    assert late == interrupted and tool.runs == 1
+    assert pool.stats()["inflight"] == 0
 
 
 # -- durable results ------------------------------------------------------------------------------
@@ -160,7 +208,7 @@ async def test_stats_count_executions_per_conversation(store: Store) -> None:
                              exploration_cap=5, timeout_s=5)
     await pool.execute_batch("c_a", "t1", [note], exploration_cap=5, timeout_s=5)  # durable: not run
     await pool.execute_batch("c_b", "t1", [note], exploration_cap=5, timeout_s=5)
-    assert pool.stats() == {"executed": {"c_a": 2, "c_b": 1}, "joined": 0, "inflight": 0}
+    assert pool.stats() == {"executed": {"c_a": 2, "c_b": 1}, "joined": 0, "inflight": 0, "cut": 0}
     assert (await pool.workspace("c_a"))["workspace"]["notes"] == ["n"]
 
 

@@ -510,13 +510,16 @@ class HostCore:
         # A crash may have cut a turn after its last checkpoint (docs/design.md#recovery): apply the
         # log's tail, then resume whatever was running or queued.
         tail = await self.store.read_events(conversation_id, after, limit=last_seq - after) if last_seq > after else []
-        for cut in cut_external_calls(state, tail):
+        cut_calls = cut_external_calls(state, tail)
+        for cut in cut_calls:
             # An external call the crash cut (docs/design.md#mcp-face): its `round_interrupted` is its
             # durable result before recovery resumes anything, so that a retry the conversation no
             # longer remembers finds it and runs nothing. The first write wins: a result the tool
             # recorded before the crash stays.
             await self._retrying(functools.partial(self.store.record_tool_result, conversation_id, cut.call_id,
                                                    encode_result(cut)))
+        if cut_calls:  # a run of them the crash left going (the Ray tool pool outlives hosts) stops
+            await self.runtime.tools.cut(conversation_id, [cut.call_id for cut in cut_calls])
         recover(conv, tail, Caller.of(owner))
         # A conversation busy again holds the slot it took before (its lease row); an idle one gives
         # back a slot a crash left taken (between its take and the checkpoint of its command).

@@ -70,6 +70,10 @@ class ToolPoolActor:
     async def workspace(self, conversation_id: str) -> dict[str, Any]:
         return await (await self._ready()).workspace(conversation_id)
 
+    async def cut(self, conversation_id: str, call_ids: list[str]) -> None:
+        if self._pool is not None:  # not open yet: nothing runs here
+            await self._pool.cut(conversation_id, call_ids)
+
     async def forget(self, conversation_id: str) -> None:
         """Its host passivated or deleted the conversation (async: run on the actor's loop, in the
         order the host sent it and its batches)."""
@@ -77,7 +81,7 @@ class ToolPoolActor:
             self._pool.forget(conversation_id)
 
     def stats(self) -> dict[str, Any]:
-        stats = self._pool.stats() if self._pool is not None else {"executed": {}, "joined": 0, "inflight": 0}
+        stats = self._pool.stats() if self._pool is not None else {"executed": {}, "joined": 0, "inflight": 0, "cut": 0}
         return {"pid": os.getpid(), **stats}
 
     def held(self) -> dict[str, int]:
@@ -118,6 +122,15 @@ class ToolPoolClient:
     async def reset_exploration(self, conversation_id: str) -> None:
         with contextlib.suppress(RayActorError, RayTaskError):
             await self.pool.reset_exploration.remote(conversation_id)
+
+    async def cut(self, conversation_id: str, call_ids: Sequence[str]) -> None:
+        """A pool that is down runs nothing of them; one that misses this still answers a retry from
+        the recorded result rather than join the run (actors/tools/pool.py)."""
+        try:
+            await self.pool.cut.remote(conversation_id, list(call_ids))
+        except (RayActorError, RayTaskError) as exc:
+            log.warning("cutting %d call(s) of %s at the tool pool failed: %s", len(call_ids), conversation_id,
+                        type(exc).__name__)
 
     def export_conversation(self, conversation_id: str) -> dict[str, Any]:
         return {}  # the pool's own durable copy is the state; the snapshot carries none

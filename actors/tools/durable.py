@@ -54,6 +54,10 @@ class DurableTools:
                     known[obs.call_id] = _decode(stored) if stored is not None else obs
         return [known[c.call_id] for c in calls]
 
+    async def recorded(self, conversation_id: str, call_id: str) -> bool:
+        """Whether the call's result is durable."""
+        return await self._result(conversation_id, call_id) is not None
+
     async def _result(self, conversation_id: str, call_id: str) -> bytes | None:
         return await retry_unavailable(lambda: self.store.tool_result(conversation_id, call_id))
 
@@ -64,6 +68,9 @@ class DurableTools:
 
     async def reset_exploration(self, conversation_id: str) -> None:
         await self.inner.reset_exploration(conversation_id)
+
+    async def cut(self, conversation_id: str, call_ids: Sequence[str]) -> None:
+        await self.inner.cut(conversation_id, call_ids)
 
     def export_conversation(self, conversation_id: str) -> dict[str, Any]:
         return self.inner.export_conversation(conversation_id)

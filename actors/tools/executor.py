@@ -149,6 +149,10 @@ class LocalToolExecutor:
     async def reset_exploration(self, conversation_id: str) -> None:
         self._exploration.pop(conversation_id, None)
 
+    async def cut(self, conversation_id: str, call_ids: Sequence[str]) -> None:
+        """Nothing to stop: in-process runs end with the host that made them (a crash, or the
+        deactivation that cancels the conversation's turn and calls)."""
+
     def exploration_count(self, conversation_id: str) -> int:
         return self._exploration.get(conversation_id, 0)
 

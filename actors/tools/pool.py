@@ -8,7 +8,9 @@ restarted on its own, needs:
   every batch and every reset, loaded on first use), so a restarted pool resumes them — they do
   not travel in the conversation's snapshot as they do with the local backend;
 - a batch re-submitted after its host crashed joins the calls of that batch still in flight here,
-  so each call runs once, and both callers get the same observation;
+  so each call runs once, and both callers get the same observation — but an external call the
+  crash cut is over (docs/design.md#mcp-face): its run here is cancelled (`cut`), and a retry of it
+  gets the `round_interrupted` recorded as its result, never a run still going;
 - what it holds of a conversation in memory goes when the conversation is passivated or deleted
   (`forget`, which its host sends), or when no batch named it for `idle_forget_s` (a conversation
   whose host died idle is never passivated by it): the pool holds the conversations in use, not
@@ -24,6 +26,7 @@ import json
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from actors.catalog import Catalog, Observation, ToolCall
@@ -41,6 +44,14 @@ STATE_KEY_PREFIX = TOOL_POOL_SCOPE
 
 def state_key(conversation_id: str) -> str:
     return f"{STATE_KEY_PREFIX}{conversation_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """A batch running here: the task that runs it, and the ids of its calls."""
+
+    task: asyncio.Task[Any]
+    calls: frozenset[str]
 
 
 class ToolPool:
@@ -66,7 +77,9 @@ class ToolPool:
         self._loading: dict[str, asyncio.Future[None]] = {}   # one load per conversation, shared
         self._versions: dict[str, int] = {}
         self._inflight: dict[tuple[str, str], asyncio.Future[Observation]] = {}
+        self._runs: dict[tuple[str, str], _Run] = {}   # by (conversation, call): what runs it
         self._joined = 0  # calls answered by a run already in flight, not run again
+        self._cut = 0     # batches of cut external calls cancelled
         # Memory bounded by the conversations in use (see `forget`): batches and resets running per
         # conversation, forgets that wait for them, and when each conversation was last used.
         self._busy: dict[str, int] = {}
@@ -186,15 +199,24 @@ class ToolPool:
         exploration_cap: int, timeout_s: float, catalog: Catalog | None, caller: Caller | None,
     ) -> list[Observation]:
         await self._load(conversation_id)
-        # A batch re-submitted after a host crash joins the calls still in flight here.
+        # A batch re-submitted after a host crash joins the calls still in flight here; not a call
+        # whose result is recorded already (a cut external call's `round_interrupted`, `cut`): it is
+        # over, and the durable results below answer it.
         joined = {c.call_id: self._inflight[(conversation_id, c.call_id)]
                   for c in calls if (conversation_id, c.call_id) in self._inflight}
+        for call_id in list(joined):
+            if await self._durable.recorded(conversation_id, call_id):
+                del joined[call_id]
         fresh = [c for c in calls if c.call_id not in joined]
         self._joined += len(joined)
         loop = asyncio.get_running_loop()
         mine: dict[str, asyncio.Future[Observation]] = {c.call_id: loop.create_future() for c in fresh}
+        task = asyncio.current_task()
+        assert task is not None
+        run = _Run(task, frozenset(mine))
         for call_id, fut in mine.items():
             self._inflight[(conversation_id, call_id)] = fut
+            self._runs[(conversation_id, call_id)] = run
         try:
             if fresh:
                 results = await self._durable.execute_batch(
@@ -213,8 +235,22 @@ class ToolPool:
                     fut.exception()
             raise
         finally:
-            for call_id in mine:
-                self._inflight.pop((conversation_id, call_id), None)
+            for call_id, fut in mine.items():   # unless a later batch of the call took its place
+                if self._inflight.get((conversation_id, call_id)) is fut:
+                    del self._inflight[(conversation_id, call_id)]
+                if self._runs.get((conversation_id, call_id)) is run:
+                    del self._runs[(conversation_id, call_id)]
+
+    async def cut(self, conversation_id: str, call_ids: Sequence[str]) -> None:
+        """External calls a host crash cut (docs/design.md#mcp-face): their conversation's next
+        activation recorded `round_interrupted` as their result, while the batch the dead host sent
+        may still run here — the pool outlives hosts. Such a batch is cancelled when every call of it
+        is cut (an external call comes alone in its batch; a model round's calls are never cut, they
+        are joined). Its result would lose to the recorded one anyway."""
+        cut = set(call_ids)
+        runs = {run.task: run for call_id in cut if (run := self._runs.get((conversation_id, call_id))) is not None}
+        cancelled = [run for run in runs.values() if run.calls <= cut and run.task.cancel()]
+        self._cut += len(cancelled)
 
     async def reset_exploration(self, conversation_id: str) -> None:
         with self._using(conversation_id):
@@ -232,4 +268,5 @@ class ToolPool:
         """Calls actually executed per conversation held now (never those answered from the store;
         a forgotten conversation's count goes with it), calls that joined a run in flight, and how
         many calls are running now."""
-        return {"executed": dict(self._durable.executed), "joined": self._joined, "inflight": len(self._inflight)}
+        return {"executed": dict(self._durable.executed), "joined": self._joined, "inflight": len(self._inflight),
+                "cut": self._cut}
