@@ -4,6 +4,7 @@
     .venv/bin/python bench/peer_bench.py --systems local,peer,relay --ramp 25,50,100 --seconds 20
     # --systems local,ray,peer,relay  --ramp N1,N2,...  --seconds S (20)  --cut-fraction F (0.05)  --p99-bar-ms MS (250)
     # --no-stop (every N, even after a failing one)  --flush-ms MS (25)  --sqlite-sync FULL|NORMAL  --event-loop L
+    # --append-interval-ms MS (the store's; default 10)
     # --overload-lag-ms MS  --overload-delivery-ms MS (the server's load shedding; both 0: off)
     # --peer-log-level L (WARNING)  --peer-allow-blocking  --rebuild-peer
     # --keep DIR (logs and per-run client results)  --py-spy DIR (raw py-spy profiles of every server process)
@@ -983,7 +984,8 @@ def run_one(system: str, users: int, args: argparse.Namespace, work: Path, mock:
                                    encoding="utf-8")
                 server = stack.enter_context(started(
                     [*pin(args, SERVER_CPU), *reactgate_cmd(), "serve", "--backend", system, "--port", str(port), "--agent", str(profile),
-                     "--store", f"sqlite:///{run_dir}/store.sqlite3?synchronous={args.sqlite_sync}"],
+                     "--store", f"sqlite:///{run_dir}/store.sqlite3?synchronous={args.sqlite_sync}"
+                     + (f"&append_interval_ms={args.append_interval_ms:g}" if args.append_interval_ms is not None else "")],
                     env | QUOTAS_OFF | {MOCK_KEY_ENV: "loopback-mock"}
                     | ({"REACTGATE_EVENT_LOOP": args.event_loop} if args.event_loop else {})
                     | ({"REACTGATE_OVERLOAD_LAG_MS": str(args.overload_lag_ms)} if args.overload_lag_ms is not None else {})
@@ -1312,6 +1314,9 @@ def main() -> int:
                         help="reactgate's flush_interval_ms (default 25, the profiles' default; 0: an event per delta)")
     parser.add_argument("--sqlite-sync", choices=["FULL", "NORMAL"], default="FULL",
                         help="reactgate's SQLite synchronous mode (default FULL: an fsync per group commit)")
+    parser.add_argument("--append-interval-ms", type=float,
+                        help="reactgate's store append_interval_ms (default: unset, the store's own: 10; 0: appends "
+                             "commit at once)")
     parser.add_argument("--event-loop", choices=["auto", "uvloop", "asyncio"],
                         help="reactgate's REACTGATE_EVENT_LOOP, and the relay's loop (default: unset, the server's own "
                              "default: uvloop where it installs)")
@@ -1353,7 +1358,8 @@ def main() -> int:
     print(f"{', '.join(systems)}; N = {', '.join(map(str, ramp))}; {args.seconds:g} s of turns; a tool call in "
           f"{len(TOOL_ARGS)} fragments then {ANSWER_CHUNKS} answer chunks at {1 / CHUNK_S:g}/s; "
           f"{args.cut_fraction:.0%} of users cut and rejoin; reactgate flush_interval_ms {args.flush_ms}, SQLite "
-          f"synchronous={args.sqlite_sync}; load average {os.getloadavg()[0]:.2f}; "
+          f"synchronous={args.sqlite_sync}, append_interval_ms "
+          f"{'default' if args.append_interval_ms is None else f'{args.append_interval_ms:g}'}; load average {os.getloadavg()[0]:.2f}; "
           f"{os.cpu_count()} cores; {args.client_procs} client process(es); mock pacing: {args.mock_impl}", flush=True)
     if args.pin:
         print(f"pinned (taskset): the server and its process tree (Ray's processes) on CPU {SERVER_CPU}; the mock, "

@@ -24,14 +24,15 @@ from actors.store import (
     Tombstoned,
     store_from_url,
 )
-from actors.store.base import StoreHealth, StoreUnavailable
+from actors.store.base import APPEND_INTERVAL_S, StoreHealth, StoreUnavailable
 from actors.store.outage import postgres_detail, postgres_outage, sqlite_outage
 from actors.store.postgres import PostgresStore
 from actors.store.sqlite import SqliteStore
 from protocol.events import Event, ThinkingDelta, ToolResult
 from protocol.frames import ConversationEntry
+from tests.kit import TIMEOUT
 
-StoreFactory = Callable[[], Store]
+StoreFactory = Callable[..., Store]   # keyword arguments: the store's own options
 
 BACKENDS = [
     "sqlite",
@@ -46,9 +47,9 @@ def _factory(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[StoreFacto
     backend: str = request.param
     if backend == "sqlite":
         path = tmp_path / "store.db"
-        return (lambda: SqliteStore(path)), lambda: None
+        return (lambda **options: SqliteStore(path, **options)), lambda: None
     if backend == "sqlite-memory":
-        return (lambda: SqliteStore(":memory:")), lambda: None
+        return (lambda **options: SqliteStore(":memory:", **options)), lambda: None
     dsn: str = request.getfixturevalue("postgres_dsn")
     schema = f"test_store_{uuid.uuid4().hex[:12]}"
 
@@ -56,7 +57,7 @@ def _factory(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[StoreFacto
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
-    return (lambda: PostgresStore(dsn, schema=schema)), drop
+    return (lambda **options: PostgresStore(dsn, schema=schema, **options)), drop
 
 
 @pytest.fixture(params=BACKENDS)
@@ -237,6 +238,30 @@ async def test_concurrent_appends_of_50_conversations_land_contiguous_in_batches
     assert store.stats.events == sum(lasts)
     assert store.stats.commits < store.stats.appends / 5, store.stats   # group commit batched
     assert store.stats.largest_batch > 1
+
+
+async def test_appends_alone_wait_for_the_append_interval_and_any_other_write_commits_them_at_once(
+    make_store: StoreFactory,
+) -> None:
+    """docs/design.md#store: appends queued within `append_interval_s` of the last commit's start wait
+    to share the next commit; a write someone waits on (here a snapshot) commits at once, and takes
+    them along. So does closing the store."""
+    store = make_store(append_interval_s=600.0)
+    await store.open()
+    try:
+        await asyncio.wait_for(store.append_events("a", evs("a", 1, 1)), TIMEOUT)   # no commit before it: at once
+        waiting = asyncio.create_task(store.append_events("b", evs("b", 1, 1)))
+        done, _ = await asyncio.wait({waiting}, timeout=0.2)
+        assert not done and store.stats.commits == 1              # it waits for the interval (600 s)
+        await asyncio.wait_for(store.save_snapshot("a", 1, b"s"), TIMEOUT)
+        await asyncio.wait_for(waiting, TIMEOUT)                   # committed with the snapshot
+        assert store.stats.commits == 2 and await store.last_seq("b") == 1
+        last = asyncio.create_task(store.append_events("b", evs("b", 2, 2)))
+        await asyncio.sleep(0)                                     # one step: it is queued
+    finally:
+        await asyncio.wait_for(store.close(), TIMEOUT)            # closing commits what waits
+    await asyncio.wait_for(last, TIMEOUT)
+    assert store.stats.commits == 3
 
 
 async def test_racing_activations_cannot_both_append_a_seq(make_durable_store: StoreFactory) -> None:
@@ -1124,8 +1149,20 @@ def test_postgres_url_with_schema() -> None:
     assert (s.dsn, s.schema) == ("postgresql://u@db:5432/app?sslmode=disable", "tenant_a")
 
 
+def test_the_append_interval_in_a_store_url(tmp_path: Path) -> None:
+    sqlite = store_from_url(f"sqlite:///{tmp_path}/x.db?append_interval_ms=0&synchronous=NORMAL")
+    assert isinstance(sqlite, SqliteStore) and sqlite._group._append_interval_s == 0
+    postgres = store_from_url("postgresql://u@db:5432/app?append_interval_ms=2.5&sslmode=disable")
+    assert isinstance(postgres, PostgresStore) and postgres._group._append_interval_s == 0.0025
+    assert postgres.dsn == "postgresql://u@db:5432/app?sslmode=disable"
+    default = store_from_url(f"sqlite:///{tmp_path}/x.db")
+    assert isinstance(default, SqliteStore) and default._group._append_interval_s == APPEND_INTERVAL_S
+
+
 @pytest.mark.parametrize(
-    "url", ["redis://x", "sqlite://", "sqlite:///", "nothing", "sqlite:///x.db?synchronous=OFF", "sqlite:///x.db?mode=ro"]
+    "url", ["redis://x", "sqlite://", "sqlite:///", "nothing", "sqlite:///x.db?synchronous=OFF", "sqlite:///x.db?mode=ro",
+            "sqlite:///x.db?append_interval_ms=-1", "sqlite:///x.db?append_interval_ms=soon",
+            "postgresql://u@db/app?append_interval_ms=5000"]
 )
 def test_unknown_store_url_is_rejected(url: str) -> None:
     with pytest.raises(ValueError):

@@ -48,6 +48,7 @@ import psycopg.conninfo
 from actors.identity import Owner
 from actors.quotas import QuotaCharge, QuotaCounter
 from actors.store.base import (
+    APPEND_INTERVAL_S,
     DEFAULT_READ_LIMIT,
     ConversationExists,
     GroupCommit,
@@ -141,7 +142,7 @@ class PostgresStore:
         schema: str | None = None,
         readers: int = 2,
         max_batch: int = 512,
-        max_delay_s: float = 0.0,
+        append_interval_s: float = APPEND_INTERVAL_S,
         connect_timeout_s: float = 10.0,
     ) -> None:
         if schema is not None and not _IDENTIFIER.fullmatch(schema):
@@ -152,7 +153,7 @@ class PostgresStore:
         self._connect_timeout_s = connect_timeout_s
         self._readers_size = readers
         self._group: GroupCommit[WriteOp] = GroupCommit(
-            self._commit_batch, self.stats, max_batch=max_batch, max_delay_s=max_delay_s
+            self._commit_batch, self.stats, max_batch=max_batch, append_interval_s=append_interval_s
         )
         self._writer: Conn | None = None
         self._idle: asyncio.Queue[Conn | None] | None = None

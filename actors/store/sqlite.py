@@ -43,6 +43,7 @@ from typing import Any, Literal, TypeVar
 from actors.identity import Owner
 from actors.quotas import QuotaCharge, QuotaCounter
 from actors.store.base import (
+    APPEND_INTERVAL_S,
     DEFAULT_READ_LIMIT,
     ConversationExists,
     GroupCommit,
@@ -87,7 +88,7 @@ class SqliteStore:
         synchronous: Literal["NORMAL", "FULL"] = "FULL",
         busy_timeout_ms: int = 5000,
         max_batch: int = 512,
-        max_delay_s: float = 0.0,
+        append_interval_s: float = APPEND_INTERVAL_S,
         readers: int = 2,
     ) -> None:
         self.path = str(path)
@@ -96,7 +97,7 @@ class SqliteStore:
         self.stats = StoreStats()
         self._readers = readers
         self._group: GroupCommit[WriteOp] = GroupCommit(
-            self._commit_batch, self.stats, max_batch=max_batch, max_delay_s=max_delay_s
+            self._commit_batch, self.stats, max_batch=max_batch, append_interval_s=append_interval_s
         )
         self._writer_pool: ThreadPoolExecutor | None = None
         self._reader_pool: ThreadPoolExecutor | None = None
