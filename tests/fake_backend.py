@@ -27,6 +27,7 @@ from actors.hosting.backend import (
     UnknownAgent,
     UserMessage,
 )
+from actors.hosting.subscription import Direct
 from actors.identity import Owner
 from protocol.events import Event
 from protocol.frames import (
@@ -120,7 +121,7 @@ class FakeBackend:
         return "accepted"
 
     async def subscribe(self, owner: Owner, conversation_id: str, after_seq: int,
-                        direct: Callable[[list[Event]], bool] | None = None) -> AsyncIterator[list[Event]]:
+                        direct: Direct | None = None) -> AsyncIterator[list[Event]]:
         conv = self._owned(owner, conversation_id)
         if self.broken:
             raise ConnectionError("host lost")
