@@ -68,6 +68,13 @@ def search(call_id: str) -> ToolCall:
     return ToolCall(call_id, "demo.search", {"query": "paris"})
 
 
+async def gated_batch(pool: ToolPool, tool: GatedTool, calls: list[ToolCall], turn_id: str = "t1") -> asyncio.Task[list[Observation]]:
+    """A batch running on `pool` whose gated tool has started: it waits for the gate."""
+    batch = asyncio.create_task(pool.execute_batch(CID, turn_id, calls, exploration_cap=5, timeout_s=60))
+    await asyncio.wait_for(tool.started.wait(), TIMEOUT)
+    return batch
+
+
 # -- durable counters -----------------------------------------------------------------------------
 
 
@@ -110,8 +117,7 @@ async def test_a_resubmitted_batch_joins_the_calls_in_flight_and_each_runs_once(
     tool = GatedTool()
     pool = ToolPool(store, tool.registry())
     calls = [ToolCall("t1.1.0", "test.gated", {})]
-    first = asyncio.create_task(pool.execute_batch(CID, "t1", calls, exploration_cap=5, timeout_s=5))
-    await asyncio.wait_for(tool.started.wait(), TIMEOUT)
+    first = await gated_batch(pool, tool, calls)
     # The host crashed; its replacement re-submits the same batch while the first run is still going.
     again = asyncio.create_task(pool.execute_batch(CID, "t1", calls, exploration_cap=5, timeout_s=5))
     await until(lambda: pool.stats()["joined"] == 1)
@@ -127,8 +133,7 @@ async def test_a_partly_overlapping_batch_runs_only_its_new_calls(store: Store) 
     tool = GatedTool()
     pool = ToolPool(store, tool.registry())
     running = ToolCall("t1.1.0", "test.gated", {})
-    first = asyncio.create_task(pool.execute_batch(CID, "t1", [running], exploration_cap=5, timeout_s=5))
-    await asyncio.wait_for(tool.started.wait(), TIMEOUT)
+    first = await gated_batch(pool, tool, [running])
     again = asyncio.create_task(pool.execute_batch(
         CID, "t1", [running, ToolCall("t1.1.1", "test.gated", {})], exploration_cap=5, timeout_s=5))
     await until(lambda: pool.stats()["joined"] == 1 and tool.runs == 2)
@@ -145,9 +150,7 @@ async def test_a_partly_overlapping_batch_runs_only_its_new_calls(store: Store) 
 async def test_cutting_a_call_cancels_the_batch_its_dead_host_left_running(store: Store) -> None:
     tool = GatedTool()
     pool = ToolPool(store, tool.registry())
-    cut = ToolCall("mcp.1", "test.gated", {})
-    orphan = asyncio.create_task(pool.execute_batch(CID, "mcp-s", [cut], exploration_cap=5, timeout_s=60))
-    await asyncio.wait_for(tool.started.wait(), TIMEOUT)
+    orphan = await gated_batch(pool, tool, [ToolCall("mcp.1", "test.gated", {})], "mcp-s")
     await pool.cut(CID, ["mcp.1"])
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(orphan, TIMEOUT)
@@ -174,8 +177,7 @@ async def test_a_retry_of_a_call_whose_result_is_recorded_gets_it_rather_than_jo
     tool = GatedTool()
     pool = ToolPool(store, tool.registry())
     call = ToolCall("mcp.1", "test.gated", {})
-    orphan = asyncio.create_task(pool.execute_batch(CID, "mcp-s", [call], exploration_cap=5, timeout_s=60))
-    await asyncio.wait_for(tool.started.wait(), TIMEOUT)
+    orphan = await gated_batch(pool, tool, [call], "mcp-s")
     interrupted = Observation("mcp.1", "test.gated", ok=False, error="round_interrupted")
     assert await store.record_tool_result(CID, "mcp.1", encode_result(interrupted))
     [again] = await asyncio.wait_for(pool.execute_batch(CID, "mcp-s", [call], exploration_cap=5, timeout_s=60), TIMEOUT)
