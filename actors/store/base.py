@@ -418,10 +418,11 @@ def judge_appends(appends: Sequence[tuple[str, int, int]], deleted: Collection[s
 
 # How long after a commit began the next may wait, when only appends are queued (docs/design.md#store).
 # A commit's fixed cost (the fsync, the transaction, the hop to the writer and back) is ~160 µs of CPU
-# here; with tens of conversations streaming, appends come a few ms apart and each took a commit of
-# its own. Waiting up to 10 ms lets them share one: -10 to -20% server CPU per chunk at 25-100
-# conversations, +5 ms delivery p50 (bench/README.md, "Appends share a commit"). A lone conversation
-# waits for nothing: its appends come more than 10 ms after the last commit began.
+# on the bench machine (estimated); with tens of conversations streaming, appends come a few ms apart
+# and each took a commit of its own. Waiting up to 10 ms lets them share one: about -13% server CPU
+# per chunk at 10-200 conversations, +5 ms delivery p50, +4-16 ms to the first token
+# (bench/README.md, "Appends share a commit"). A conversation streaming alone seldom waits: its deltas
+# come 25 ms or more apart; a burst of its events (a tool's call, then its result) may.
 APPEND_INTERVAL_S = 0.010
 
 
