@@ -66,7 +66,7 @@ from gateway.mcp_face import McpFace
 from gateway.metrics import GatewayMetrics
 from gateway.origins import OriginPolicy
 from gateway.overload import PROBE_S, RETRY_AFTER_S, Overload
-from gateway.session import Session
+from gateway.session import Session, WebSocketSink
 from gateway.settings import Settings, check_bind
 from protocol.frames import (
     LIST_LIMIT_MAX,
@@ -510,7 +510,7 @@ class GatewayServer:
         if isinstance(held, QuotaExceeded):
             await self._refuse_connection(ws, caller.owner.tenant, held)
             return
-        session = Session(ws, caller.owner, self.backend, self._session_limits, self.metrics, expires_at=caller.expires_at,
+        session = Session(WebSocketSink(ws), caller.owner, self.backend, self._session_limits, self.metrics, expires_at=caller.expires_at,
                           trace_parent=_upgrade_trace(ws.request), caller=caller.tool_caller(self.settings.tool_claims),
                           overload=self.overload)
         self.sessions.add(session)

@@ -4,6 +4,9 @@ Everything the connection sends goes through one bounded queue drained by one wr
 only code that ever awaits this client's socket. Subscription tasks never await the socket:
 they append to the queue or, when it is full, pause. That is how one slow client never delays
 another, nor the backend's shared event path (docs/wire-protocol.md#11-limits-slow-consumers-drain).
+An event that finds the queue empty, the writer idle and the socket keeping up is written at once,
+without a wait (`Sink.send_now`): the order is the queue's, as nothing is ahead of it
+(docs/design.md#direct-writes).
 
 On overflow every subscription of the connection pauses: its task is cancelled, its queued
 events are dropped, and the client gets one `slow_consumer` error per paused conversation with
@@ -31,7 +34,9 @@ from enum import Enum
 from typing import Protocol
 
 from opentelemetry.context import Context
+from websockets.asyncio.server import ServerConnection, broadcast
 from websockets.exceptions import ConnectionClosed
+from websockets.protocol import State
 
 from actors.hosting.backend import Backend, Export, Forbidden
 from actors.identity import Caller, Owner
@@ -67,7 +72,42 @@ class Sink(Protocol):
 
     async def send(self, message: bytes, *, text: bool | None = None) -> None: ...
 
+    def send_now(self, message: bytes) -> bool:
+        """Write a text frame at once if that needs no wait; False: nothing was written."""
+        ...
+
     async def close(self, code: int = 1000, reason: str = "") -> None: ...
+
+
+class WebSocketSink:
+    """A websockets connection as the session's sink.
+
+    `send_now` is websockets' own synchronous write (`broadcast`: the frame goes to the transport,
+    which writes it to the socket or buffers it) for the case where `send` would not wait either:
+    the connection is open and nothing waits in the transport's buffer. A client reading slower than
+    we write leaves bytes there; its frames then queue, and the writer's `send` waits for the drain
+    (docs/design.md#direct-writes). It saves a writer wake-up and `send`'s context per event."""
+
+    __slots__ = ("ws",)
+
+    def __init__(self, ws: ServerConnection) -> None:
+        self.ws = ws
+
+    async def send(self, message: bytes, *, text: bool | None = None) -> None:
+        await self.ws.send(message, text=text)
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        await self.ws.close(code, reason)
+
+    def send_now(self, message: bytes) -> bool:
+        ws = self.ws
+        if ws.state is not State.OPEN or ws.transport.get_write_buffer_size():
+            return False
+        try:
+            broadcast((ws,), message, text=True, raise_exceptions=True)
+        except Exception:   # the transport failed: the writer's `send` meets the closed connection
+            return False
+        return True
 
 
 class _Kind(Enum):
@@ -340,28 +380,38 @@ class Session:
                     self._overflow()
                     return False
                 continue
-            self._queue_events(sub, batch[start : start + room], overload, now)
+            if self._queue_events(sub, batch[start : start + room], overload, now):
+                self._wake.set()
             start += room
-            self._wake.set()
         return True
 
     def _take(self, sub: _Subscription, batch: list[Event]) -> bool:
         """A live batch handed over as it is published (actors/hosting/subscription.py, `direct`):
-        queued now if all of it fits, else declined, and it comes through the stream to `_offer`."""
+        written or queued now if all of it fits, else declined, and it comes through the stream to `_offer`."""
         if not sub.active or self._closing or len(batch) > self.max_events - len(self._queue):
             return False
-        self._queue_events(sub, batch, self.overload, time.time())
-        self._wake.set()
+        if self._queue_events(sub, batch, self.overload, time.time()):
+            self._wake.set()
         return True
 
-    def _queue_events(self, sub: _Subscription, events: list[Event], overload: Overload | None, now: float) -> None:
-        queue = self._queue
+    def _queue_events(self, sub: _Subscription, events: list[Event], overload: Overload | None, now: float) -> bool:
+        """Queue `events` for the writer — or write each at once while nothing is queued or being
+        written and the socket keeps up (`Sink.send_now`). Whether any was queued."""
+        queue, idle, metrics = self._queue, self._idle, self.metrics
         for event in events:
             if event.seq > sub.enqueued:  # else already queued or delivered by this subscription
-                queue.append(_Out(_Kind.EVENT, encode_event(event), sub, event.seq, event.ts))
+                payload = encode_event(event)
                 sub.enqueued = event.seq
                 if overload is not None and event.ts >= sub.since:  # live, not a replay of history
                     overload.arrived(now - event.ts)
+                # The writer sets `idle` only with the queue empty and no send under way: nothing is ahead.
+                if not queue and idle.is_set() and self.sink.send_now(payload):
+                    sub.delivered = event.seq
+                    metrics.events_sent.inc()
+                    metrics.delivery_latency.observe(max(0.0, now - event.ts))
+                else:
+                    queue.append(_Out(_Kind.EVENT, payload, sub, event.seq, event.ts))
+        return bool(queue)
 
     def _overflow(self) -> None:
         """Pause every subscription of this connection; tell the client where each stopped."""
