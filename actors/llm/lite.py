@@ -12,6 +12,7 @@ LiteLLM code itself and is loaded only where a scripted model is played through 
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import sys
 from types import ModuleType
@@ -64,9 +65,11 @@ def litellm_module() -> ModuleType:
     return _litellm
 
 
+@functools.cache
 def litellm_part(name: str) -> ModuleType:
     """A module of LiteLLM's (`litellm_part("utils")`), after LiteLLM itself: importing LiteLLM
-    loads every one the model layer uses, so this is a lookup."""
+    loads every one the model layer uses, so this is a lookup — kept, as `import_module` takes the
+    import lock even for a loaded module (four of them per model request)."""
     litellm_module()
     return importlib.import_module(f"litellm.{name}")
 
