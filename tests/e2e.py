@@ -158,8 +158,9 @@ class LocalServer:
         """Give the server's side of `c`'s connection a small, fixed send buffer (no autotuning to
         megabytes), so a client that stops reading blocks the server's socket after a few KiB."""
         port = c.ws.local_address[1]
-        (session,) = [s for s in self.server.sessions if getattr(s.sink, "remote_address", (None, None))[1] == port]
-        session.sink.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)  # type: ignore[attr-defined]
+        (ws,) = [s.sink.ws for s in self.server.sessions  # type: ignore[attr-defined]
+                 if s.sink.ws.remote_address[1] == port]  # type: ignore[attr-defined]
+        ws.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
 
     async def log(self, conversation_id: str) -> list[Event]:
         """The conversation's durable log, read from the store."""
