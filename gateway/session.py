@@ -396,7 +396,7 @@ class Session:
 
     def _queue_events(self, sub: _Subscription, events: list[Event], overload: Overload | None, now: float) -> bool:
         """Queue `events` for the writer — or write each at once while nothing is queued or being
-        written and the socket keeps up (`Sink.send_now`). Whether any was queued."""
+        written and the socket keeps up (`Sink.send_now`). Whether the writer has frames to send."""
         queue, idle, metrics = self._queue, self._idle, self.metrics
         for event in events:
             if event.seq > sub.enqueued:  # else already queued or delivered by this subscription

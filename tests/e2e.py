@@ -41,6 +41,7 @@ from actors.store.sqlite import SqliteStore
 from actors.tools.demo import demo_registry
 from gateway.app import AgentSetup, local_backend
 from gateway.server import GatewayServer
+from gateway.session import WebSocketSink
 from gateway.settings import Settings
 from protocol.events import Event
 from protocol.frames import encode_event
@@ -158,8 +159,8 @@ class LocalServer:
         """Give the server's side of `c`'s connection a small, fixed send buffer (no autotuning to
         megabytes), so a client that stops reading blocks the server's socket after a few KiB."""
         port = c.ws.local_address[1]
-        (ws,) = [s.sink.ws for s in self.server.sessions  # type: ignore[attr-defined]
-                 if s.sink.ws.remote_address[1] == port]  # type: ignore[attr-defined]
+        (ws,) = [s.sink.ws for s in self.server.sessions
+                 if isinstance(s.sink, WebSocketSink) and s.sink.ws.remote_address[1] == port]
         ws.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
 
     async def log(self, conversation_id: str) -> list[Event]:

@@ -1,14 +1,34 @@
 """Slow consumers (docs/wire-protocol.md): a client that stops reading gets `slow_consumer` with the last seq
 delivered to it, while a fast client on the same conversation receives the whole turn; the slow
 one re-subscribes from that seq — as often as it is told to — and loses nothing, duplicates nothing.
+Events written at once while the socket kept up (docs/design.md#direct-writes) count as delivered.
+On both backends.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-from tests.e2e import action, call, check_log, complete, local_server, script, text_round, thinking
+import pytest
+
+from actors.profile import demo_profile
+from actors.tools.demo import demo_registry
+from tests.e2e import (
+    LocalServer,
+    RayHosting,
+    action,
+    call,
+    check_log,
+    complete,
+    local_server,
+    ray_hosting,
+    ray_server,
+    script,
+    text_round,
+    thinking,
+)
 from tests.kit import Client
 
 QUEUE_FRAMES = 20
@@ -19,6 +39,28 @@ BIG_ANSWER = script(
     text_round(thinking("Checking."), action(call("demo.weather", city="Paris"))),
     text_round(thinking("Answering at length."), action(complete(ANSWER)), chunk_chars=2000),
 )
+
+
+NO_COALESCING = {"flush_interval_ms": 0}
+
+
+@pytest.fixture(scope="module")
+def hosting(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayHosting]:
+    demo = demo_profile(known_tools=demo_registry())
+    profile = demo.model_copy(update={"policies": demo.policies.model_copy(update=NO_COALESCING)})
+    with ray_hosting(tmp_path_factory.mktemp("ray"), {"big": BIG_ANSWER}, profiles={"big": profile}) as hosting:
+        yield hosting
+
+
+@pytest.fixture(params=["local", pytest.param("ray", marks=pytest.mark.ray)])
+async def server(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[LocalServer]:
+    if request.param == "local":
+        async with local_server(tmp_path / "s.sqlite3", BIG_ANSWER, policies=NO_COALESCING,
+                                send_queue_frames=QUEUE_FRAMES) as s:
+            yield s
+        return
+    async with ray_server(request.getfixturevalue("hosting"), send_queue_frames=QUEUE_FRAMES) as s:
+        yield s
 
 
 async def resume_until_completed(c: Client, conversation_id: str) -> list[dict[str, Any]]:
@@ -41,10 +83,8 @@ async def resume_until_completed(c: Client, conversation_id: str) -> list[dict[s
     return pauses
 
 
-async def test_a_client_that_stops_reading_gets_slow_consumer_and_resubscribes_without_loss(tmp_path: Path) -> None:
-    server = local_server(tmp_path / "s.sqlite3", BIG_ANSWER, policies={"flush_interval_ms": 0},
-                          send_queue_frames=QUEUE_FRAMES)
-    async with server as s, s.client() as fast, s.stalling_client() as slow:
+async def test_a_client_that_stops_reading_gets_slow_consumer_and_resubscribes_without_loss(server: LocalServer) -> None:
+    async with server.client() as fast, server.stalling_client() as slow:
         cid = await fast.open()
         await fast.subscribe(cid)
         await slow.subscribe(cid)
