@@ -4,7 +4,9 @@ token is looked at, while a connection already open goes on being served; once t
 again, new clients get in.
 
 The loop is made late for real: the gateway runs in the test's process, the test holds its loop
-with CPU work, and the gateway's own probe sees the timers fire late. Both backends: the gateway is
+with CPU work, and the gateway's own probe sees the timers fire late. While the test checks what a
+late replica does, it keeps the loop late (held most of the time, free in between), so a slow
+machine cannot see it recover before the checks are done. Both backends: the gateway is
 the same program, the hosting under it is not (tests/e2e.py `ray_server`). The other signal, late
 live events, is measured by the gateway's sessions whatever the backend: it is shown on the gateway
 alone, with a fake backend whose events are as late as a test makes them.
@@ -12,6 +14,8 @@ alone, with a fake backend whose events are as late as a test makes them.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import shutil
 import subprocess
@@ -45,6 +49,7 @@ from tests.kit import PROTO, TIMEOUT, http_get, wait_until
 
 LIMIT_MS = 100
 HOLD_S = 3.0   # the probe sees ≥ 2.9 s late: a second of probes before the lag falls under half the limit
+BUSY_S, FREE_S = 0.3, 0.05   # kept late: each probe fires up to 0.3 s late, far over LIMIT_MS
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +74,25 @@ def hold_the_loop(seconds: float) -> None:
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         pass
+
+
+@contextlib.asynccontextmanager
+async def loop_kept_late() -> AsyncIterator[None]:
+    """The loop held BUSY_S out of every BUSY_S + FREE_S until the block ends: late for as long as a
+    check takes, however slow the machine, and the rest of the loop still runs in between."""
+
+    async def hog() -> None:
+        while True:
+            hold_the_loop(BUSY_S)
+            await asyncio.sleep(FREE_S)
+
+    task = asyncio.get_running_loop().create_task(hog())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 async def refused_handshake(s: LocalServer | Harness, bearer: str | None) -> InvalidStatus:
@@ -96,26 +120,26 @@ async def test_a_late_loop_refuses_new_clients_and_serves_the_open_ones(server: 
         await open_before.subscribe(cid)
         assert not s.server.overload.overloaded
 
-        hold_the_loop(HOLD_S)
-        await wait_until(lambda: s.server.overload.overloaded)
+        async with loop_kept_late():
+            await wait_until(lambda: s.server.overload.overloaded)
 
-        # a new WebSocket: 503 and Retry-After; the connection open before is served meanwhile (its
-        # message taken between a refusal and a state still overloaded)
-        refused = (await refused_handshake(s, alice)).response
-        ack = await open_before.say(cid)
-        assert ack["type"] == "ack", ack
-        assert s.server.overload.overloaded, "the loop recovered before the open connection was checked"
-        for response in (refused, (await refused_handshake(s, None)).response):   # no token: no token check
-            assert response.status_code == 503
-            assert response.headers["Retry-After"] == str(RETRY_AFTER_S)
-            assert response.body is not None
-            assert response.body.startswith(b"overloaded: this replica is late (its event loop runs ")
-        # a frontend's request: the same refusal, before the body is read for a turn
-        status, body, headers = await post_chat(s, alice)
-        assert (status, headers.get("Retry-After")) == (503, str(RETRY_AFTER_S)), body
-        assert body.startswith(b"overloaded: ")
-        # liveness is not load: the probe of a load balancer still gets its answer
-        assert (await http_get(s.host, s.port, "/healthz"))[0] == 200
+            # a new WebSocket: 503 and Retry-After; the connection open before is served meanwhile
+            # (its message taken between a refusal and a state still overloaded)
+            refused = (await refused_handshake(s, alice)).response
+            ack = await open_before.say(cid)
+            assert ack["type"] == "ack", ack
+            assert s.server.overload.overloaded, "the loop recovered before the open connection was checked"
+            for response in (refused, (await refused_handshake(s, None)).response):   # no token: no token check
+                assert response.status_code == 503
+                assert response.headers["Retry-After"] == str(RETRY_AFTER_S)
+                assert response.body is not None
+                assert response.body.startswith(b"overloaded: this replica is late (its event loop runs ")
+            # a frontend's request: the same refusal, before the body is read for a turn
+            status, body, headers = await post_chat(s, alice)
+            assert (status, headers.get("Retry-After")) == (503, str(RETRY_AFTER_S)), body
+            assert body.startswith(b"overloaded: ")
+            # liveness is not load: the probe of a load balancer still gets its answer
+            assert (await http_get(s.host, s.port, "/healthz"))[0] == 200
 
         done = await open_before.turn_completed(cid)
         assert done["data"]["final_answer"]
