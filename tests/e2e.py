@@ -234,14 +234,17 @@ class RayHosting:
 @contextlib.contextmanager
 def local_ray(env: Mapping[str, str] | None = None) -> Iterator[Any]:
     """A Ray of this test module's own until the block ends (2 CPUs, no dashboard, reactgate's
-    namespace; `env`: its workers' environment variables). `address="local"`, as `RayBackend` starts
-    one: a bare `ray.init()` would join whatever cluster a `ray start` on this machine recorded."""
+    namespace, workers at production's niceness; `env`: its workers' environment variables).
+    `address="local"`, as `RayBackend` starts one: a bare `ray.init()` would join whatever cluster a
+    `ray start` on this machine recorded."""
     import ray
 
+    from actors.ray.config import WORKER_NICENESS
     from actors.ray.names import NAMESPACE
 
     ray.init(address="local", num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False,
-             runtime_env={"env_vars": dict(env)} if env else None)
+             runtime_env={"env_vars": dict(env)} if env else None,
+             _system_config={"worker_niceness": WORKER_NICENESS})   # as RayBackend starts one
     try:
         yield ray
     finally:

@@ -18,6 +18,12 @@ from actors.quotas import QuotaLimits
 from actors.ray import generation as generations
 from actors.tools.registry import ToolRegistry
 
+# Ray starts workers at niceness 15; here the hosts *are* the service, and at 15 they yield to every
+# other process on a shared node (bench/hosting_bench.py measured it). The tests' own Ray uses it too
+# (tests/e2e.py `local_ray`): a host at 15 beside busy test workers starved, and a restarted one took
+# longer than a test waits to import LiteLLM.
+WORKER_NICENESS = 0
+
 
 @dataclass(frozen=True)
 class RayConfig:
@@ -43,9 +49,7 @@ class RayConfig:
     # Joining a cluster, or starting a local one when `address` is None.
     address: str | None = None          # e.g. ray://head:10001
     local_cpus: int = 2                 # num_cpus of a Ray started here
-    # Ray starts workers at niceness 15; here the hosts *are* the service, and at 15 they yield to
-    # every other process on a shared node (bench/hosting_bench.py measured it). None: Ray's own.
-    worker_niceness: int | None = 0     # of a Ray started here
+    worker_niceness: int | None = WORKER_NICENESS   # of a Ray started here; None: Ray's own (15)
 
     def __post_init__(self) -> None:
         if self.hosts < 1:
