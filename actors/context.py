@@ -280,6 +280,43 @@ def steer_text(block: SteerBlock, finish: str) -> str:
             f"Finish now: {finish}.")
 
 
+_ENCODE: Final = msgspec.json.Encoder().encode
+
+
+class PromptCounts:
+    """One conversation's message token counts, each kept from one prompt to the next. Every prompt
+    counts its whole history again (`assemble`), and a history is the last prompt's plus a few
+    messages, so each prompt counts only what is new. Only what the last prompt counted is kept:
+    the memory is one prompt's, and no number of conversations in a process makes a history miss
+    (one cache shared by all of them did once it held fewer messages than they had between two
+    prompts of one conversation). The key is the message's JSON: a native one holds lists and
+    objects (its `tool_calls`)."""
+
+    __slots__ = ("_count", "_last", "_now")
+
+    def __init__(self, count: TokenCounter) -> None:
+        self._count = count
+        self._last: dict[bytes, int] = {}
+        self._now: dict[bytes, int] = {}
+
+    def next_prompt(self) -> TokenCounter:
+        """The counter of the next prompt: it keeps what the last prompt counted, and drops the rest."""
+        self._last, self._now = self._now, {}
+        return self
+
+    def __call__(self, messages: Sequence[Mapping[str, Any]]) -> int:
+        if len(messages) != 1:
+            return self._count(messages)
+        key = _ENCODE(messages[0])
+        n = self._now.get(key)
+        if n is None:
+            n = self._last.get(key)
+            if n is None:
+                n = self._count(messages)
+            self._now[key] = n
+        return n
+
+
 def assemble(
     system: str,
     blocks: Sequence[Block],

@@ -29,7 +29,7 @@ from typing import Any, Final
 import msgspec
 
 from actors.catalog import Catalog, Observation, ToolCall, ToolExecutor
-from actors.context import Step, TokenCounter
+from actors.context import PromptCounts, Step, TokenCounter
 from actors.decision import decision_for
 from actors.eventlog import EventLog
 from actors.external_call import (
@@ -148,10 +148,11 @@ _ENCODE = msgspec.json.Encoder().encode
 
 @functools.lru_cache(maxsize=4096)
 def _count_one(model: str, message: bytes) -> int:
-    """One message's count, kept: the context is counted message by message before every model call
-    (actors/context.py `assemble`), and a message's count never changes. Uncached, this was the
-    largest item of a host's CPU at 300 conversations (bench/README.md, `load_300.py`). The key is
-    the message's JSON: a native one holds lists and objects (its `tool_calls`)."""
+    """One message's count, kept for every conversation of the process (the same system prompt, a
+    history replayed): the context is counted message by message before every model call
+    (actors/context.py `assemble`; each conversation keeps its own history's, `PromptCounts`,
+    docs/design.md#context), and a message's count never changes. Uncached, this was the largest
+    item of a host's CPU at 300 conversations (bench/README.md, `load_300.py`)."""
     return int(litellm_module().token_counter(model=model, messages=[msgspec.json.decode(message)]))
 
 
@@ -175,7 +176,7 @@ class Conversation:
         self.events = events
         self._catalog = profile.catalog_from(runtime.registry.catalog())
         self.decision = decision_for(profile.decision, self._catalog, profile.policies)
-        self._count_tokens = runtime.count_tokens or litellm_token_counter(profile.model)
+        self._counts = PromptCounts(runtime.count_tokens or litellm_token_counter(profile.model))
         self._model_settings = {m: profile.settings_for(m) for m in profile.models}
         self._answers: dict[str, asyncio.Future[str]] = {}
         self._turn: Turn | None = None
@@ -395,8 +396,8 @@ class Conversation:
     def add_step(self, step: Step) -> None:
         self.state.ledger.append(step)
 
-    def count_tokens(self, messages: Sequence[Mapping[str, str]]) -> int:
-        return self._count_tokens(messages)
+    def prompt_counter(self) -> TokenCounter:
+        return self._counts.next_prompt()
 
     def validate_params(self, tool_id: str, params: Mapping[str, object]) -> list[str]:
         return self.runtime.registry.validate_params(tool_id, params)[1]

@@ -14,7 +14,7 @@ from typing import Any, Final, Protocol
 
 from actors import native
 from actors.catalog import Catalog, ToolDecl
-from actors.context import Message, Step, assemble, ledger_summary, system_prompt
+from actors.context import Message, Step, TokenCounter, assemble, ledger_summary, system_prompt
 from actors.continuation import CONTINUE_PROMPT, CUT_PROMPT, RestartCheck, continue_messages, rebuilt_response
 from actors.gates import RoundRules
 from actors.profile import Policies
@@ -40,7 +40,9 @@ class Prompt(Protocol):
     def timeline(self) -> Sequence[Block]: ...
     @property
     def ledger(self) -> Sequence[Step]: ...
-    def count_tokens(self, messages: Sequence[Mapping[str, Any]]) -> int: ...
+    def prompt_counter(self) -> TokenCounter:
+        """The token counter of the prompt being built (actors/context.py `PromptCounts`)."""
+        ...
 
 
 class Decision(Protocol):
@@ -84,7 +86,7 @@ class Channels:
             ledger=ledger_summary(ctx.ledger), instructions=ctx.instructions,
         )
         messages = assemble(system, ctx.timeline, turn_id=turn_id, budget_tokens=pol.context_budget_tokens,
-                            count_tokens=ctx.count_tokens)
+                            count_tokens=ctx.prompt_counter())
         return messages, None
 
     def continuation(self, base: list[Message], engine: RoundEngine, end: StreamEnd, model: str
@@ -139,7 +141,7 @@ class Native:
             instructions=ctx.instructions,
         )
         messages = assemble(system, ctx.timeline, turn_id=turn_id, budget_tokens=pol.context_budget_tokens,
-                            count_tokens=ctx.count_tokens, render=native.render_history)
+                            count_tokens=ctx.prompt_counter(), render=native.render_history)
         # A finalize round offers what the state offers, so a history holding calls stays a valid
         # request; the steer asks for an answer, and rule 4a denies any call.
         tools = native.functions(_available(self.catalog, rules))

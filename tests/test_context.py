@@ -5,7 +5,15 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 
-from actors.context import LEDGER_MAX_CHARS, Step, assemble, ledger_summary, params_digest, system_prompt
+from actors.context import (
+    LEDGER_MAX_CHARS,
+    PromptCounts,
+    Step,
+    assemble,
+    ledger_summary,
+    params_digest,
+    system_prompt,
+)
 from actors.gates import EXPLORATION_MARKER
 from actors.tools.demo import demo_registry
 from protocol.timeline import (
@@ -48,6 +56,31 @@ def current_turn(observation_size: int = 60) -> list[object]:
         ToolCallBlock("t9", 1, "t9.1.0", "demo.weather", {"city": "Paris"}),
         ToolResultBlock("t9", "t9.1.0", "demo.weather", True, {"city": "Paris", "notes": ["rain"] * observation_size}),
     ]
+
+
+def test_each_prompt_counts_only_the_messages_the_last_one_did_not() -> None:
+    """PromptCounts: a conversation's next prompt is its last one plus the newest messages; only
+    those are counted, and a message no prompt used since is forgotten (the memory is one prompt's)."""
+    counted: list[str] = []
+
+    def counting(messages: Sequence[Mapping[str, str]]) -> int:
+        counted.extend(m["content"] for m in messages)
+        return count(messages)
+
+    counts = PromptCounts(counting)
+    first = assemble(SYSTEM, history(2), turn_id="t9", budget_tokens=100_000, count_tokens=counts.next_prompt())
+    assert sorted(counted) == sorted(m["content"] for m in first)          # each counted once
+    counted.clear()
+    second = assemble(SYSTEM, history(2) + current_turn(), turn_id="t9", budget_tokens=100_000,
+                      count_tokens=counts.next_prompt())
+    new = [m["content"] for m in second if m not in first]
+    assert len(new) == 3 and sorted(counted) == sorted(new)                 # the current turn's, alone
+    counted.clear()
+    assemble(SYSTEM, current_turn(), turn_id="t9", budget_tokens=100_000, count_tokens=counts.next_prompt())
+    assert counted == []                                                    # all counted by the last prompt
+    fourth = assemble(SYSTEM, history(1), turn_id="t9", budget_tokens=100_000, count_tokens=counts.next_prompt())
+    again = [m["content"] for m in fourth[1:]]                              # the first prompt's, not the last's
+    assert len(again) == 4 and all(m in first for m in fourth) and sorted(counted) == sorted(again)
 
 
 def test_everything_fits_under_a_generous_budget() -> None:
