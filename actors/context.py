@@ -280,7 +280,8 @@ def steer_text(block: SteerBlock, finish: str) -> str:
             f"Finish now: {finish}.")
 
 
-_ENCODE: Final = msgspec.json.Encoder().encode
+# A message's key for a kept count: its JSON (a native one holds lists and objects, its `tool_calls`).
+message_key: Final = msgspec.json.Encoder().encode
 
 
 class PromptCounts:
@@ -289,8 +290,7 @@ class PromptCounts:
     messages, so each prompt counts only what is new. Only what the last prompt counted is kept:
     the memory is one prompt's, and no number of conversations in a process makes a history miss
     (one cache shared by all of them did once it held fewer messages than they had between two
-    prompts of one conversation). The key is the message's JSON: a native one holds lists and
-    objects (its `tool_calls`)."""
+    prompts of one conversation)."""
 
     __slots__ = ("_count", "_last", "_now")
 
@@ -307,7 +307,7 @@ class PromptCounts:
     def __call__(self, messages: Sequence[Mapping[str, Any]]) -> int:
         if len(messages) != 1:
             return self._count(messages)
-        key = _ENCODE(messages[0])
+        key = message_key(messages[0])
         n = self._now.get(key)
         if n is None:
             n = self._last.get(key)

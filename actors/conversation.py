@@ -29,7 +29,7 @@ from typing import Any, Final
 import msgspec
 
 from actors.catalog import Catalog, Observation, ToolCall, ToolExecutor
-from actors.context import PromptCounts, Step, TokenCounter
+from actors.context import PromptCounts, Step, TokenCounter, message_key
 from actors.decision import decision_for
 from actors.eventlog import EventLog
 from actors.external_call import (
@@ -137,13 +137,10 @@ StreamModel = Callable[..., AsyncGenerator[Any, None]]
 def litellm_token_counter(model: str) -> TokenCounter:
     def count(messages: Sequence[Mapping[str, Any]]) -> int:
         if len(messages) == 1:
-            return _count_one(model, _ENCODE(messages[0]))
+            return _count_one(model, message_key(messages[0]))
         return int(litellm_module().token_counter(model=model, messages=list(messages)))
 
     return count
-
-
-_ENCODE = msgspec.json.Encoder().encode
 
 
 @functools.lru_cache(maxsize=4096)
