@@ -325,7 +325,7 @@ async def test_an_mcp_server_killed_mid_call_gives_a_failed_observation_and_is_b
 
     await _turn(backend, cid, "Again?", events, 2)
     pids = [r.result["result"] for r in _named(events, "tool.result") if r.tool_id == "notes.pid" and r.ok]
-    assert len(pids) == 2 and pids[1] != killed[0]                       # a new server process answered
+    assert len(pids) == 2 and pids[1] != killed[0], _named(events, "tool.result")   # a new server process answered
     assert _named(events, "turn.completed")[1].final_answer == "Back."
 
 

@@ -258,6 +258,12 @@ def children() -> set[int]:
     return found
 
 
+def ended(pool: McpSessions, server: str) -> bool:
+    """The pool's session with `server` has seen its end (and no call has dropped it yet)."""
+    connection = pool._slots[server].connection
+    return connection is not None and not connection.alive
+
+
 async def until(predicate: Any) -> None:
     deadline = time.monotonic() + BOUND_S
     while not predicate():
@@ -443,15 +449,16 @@ async def test_a_server_killed_mid_call_fails_that_call_and_the_next_call_starts
     assert restarted != pid and running(restarted)
 
 
-async def test_a_server_killed_between_calls_fails_the_call_that_meets_it_and_comes_back(
+async def test_a_server_killed_between_calls_is_started_again_by_the_next_call(
         pool: McpSessions, stdio: McpServerConfig) -> None:
+    # The next call sent nothing to the dead server, so it has no death to report: it starts a new
+    # one. (This is also where a call lands whose predecessor met the death but failed for another
+    # reason before the connection read as closed.)
     pid = (await pool.call(stdio, "pid", {}))["result"]
     os.kill(pid, signal.SIGKILL)
-    await until(lambda: not running(pid))
-    with pytest.raises(McpCallFailed, match=r"^mcp server 'notes' is unavailable: the connection closed$"):
-        await pool.call(stdio, "pid", {})
+    await until(lambda: ended(pool, "notes"))
     restarted = (await pool.call(stdio, "pid", {}))["result"]
-    assert restarted != pid
+    assert restarted != pid and running(restarted)
     assert await pool.call(stdio, "pid", {}) == {"result": restarted}
 
 
@@ -490,6 +497,22 @@ async def test_the_first_call_after_the_backoff_starts_the_server_again(
     ready.touch()
     assert "result" in await answer(pool, server, "pid", {})   # calls inside the backoff fail at once
     assert starts.read_text() == "xx"
+
+
+async def test_a_server_that_died_between_calls_and_will_not_start_again_is_left_alone(
+        patient_pool: McpSessions, stdio: McpServerConfig, tmp_path: Path) -> None:
+    ready, starts = tmp_path / "ready", tmp_path / "starts"
+    server = stdio.model_copy(update={"command": gated(Path(stdio.command[1]), ready, starts)})
+    ready.touch()
+    pid = (await patient_pool.call(server, "pid", {}))["result"]
+    ready.unlink()
+    os.kill(pid, signal.SIGKILL)
+    await until(lambda: ended(patient_pool, "notes"))
+    with pytest.raises(McpCallFailed, match=r"^mcp server 'notes' is unavailable: could not start: "):
+        await patient_pool.call(server, "pid", {})   # the death, then a failed start: two in a row
+    with pytest.raises(McpCallFailed, match=r"^mcp server 'notes' is restarting: next attempt in "):
+        await patient_pool.call(server, "pid", {})
+    assert starts.read_text() == "x"
 
 
 def test_the_restart_backoff_waits_nothing_after_one_failure_then_doubles_up_to_five_seconds() -> None:

@@ -9,8 +9,9 @@ server, not per call — shared by every turn that calls its tools.
 
 A call's failure is an `McpCallFailed` whose text the executor hands the model as a failed
 observation (docs/design.md#observations): the tool's own `isError` text, a cut at
-`call_timeout_s`, or a server that died. A dead server fails only the calls that met it; its
-session is dropped and the next call starts it again, so the next turn finds it back. A server
+`call_timeout_s`, or a server that died. A dead server fails only the calls that were in flight
+on it; its session is dropped and the next call starts it again — whether the death was met by a
+call or happened between calls — so the next turn finds it back. A server
 that keeps failing — it dies again before answering a call, or will not start — is left alone for
 an exponential backoff (`RESTART_BACKOFF`: 0.2 s doubling to 5 s), and calls inside it fail at once
 ("restarting") rather than piling onto a server that keeps dying.
@@ -25,15 +26,17 @@ touching the session the others use.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import sys
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 import anyio
 from mcp import Client, MCPError, StdioServerParameters, types
+from mcp.client import Transport
 from mcp.client.stdio import stdio_client
 
 from actors.profile import McpServerConfig
@@ -207,10 +210,10 @@ class McpSessions:
         if connection is not None:
             if connection.alive:
                 return connection
-            # It died between calls (its task ended): this call is the one that finds out.
-            reason = connection.ended or "the connection closed"
-            self._lose(slot, connection, reason)
-            raise McpCallFailed(_unavailable(slot.server, reason))
+            # It died between calls, or after the call that met its death failed for another
+            # reason: nothing was sent on it, so this call starts it again (after the backoff,
+            # if it keeps dying) instead of failing for a death it never met.
+            self._lose(slot, connection, connection.ended or "the connection closed")
         if slot.opening is None:
             wait = slot.retry_at - self._loop.time()
             if wait > 0:
@@ -310,10 +313,17 @@ class _Connection:
         self._error: Exception | None = None
         self._scope = anyio.CancelScope()
         self._task: asyncio.Task[None] | None = None
+        self._eof = False
 
     @property
     def alive(self) -> bool:
-        return self._client is not None
+        return self._client is not None and not self._eof
+
+    def _server_ended(self) -> None:
+        """The server's side of a stdio pipe ended (its process exited): mark the session dead at
+        once, so that a call that comes later starts a new one instead of meeting this one."""
+        self._eof = True
+        self.ended = self.ended or "the connection closed"
 
     async def open(self) -> None:
         """Start the server (or connect), shake hands and list its tools, all within
@@ -353,7 +363,7 @@ class _Connection:
     async def _run(self) -> None:
         try:
             with self._scope:
-                async with _client(self.server) as client:
+                async with _client(self.server, self._server_ended) as client:
                     self._client = client
                     self._settled.set()
                     await anyio.sleep_forever()
@@ -380,7 +390,8 @@ def stdio_command(command: tuple[str, ...]) -> tuple[str, list[str]]:
     return (sys.executable if program in OWN_INTERPRETER else program), args
 
 
-def _client(server: McpServerConfig) -> Client:
+def _client(server: McpServerConfig, on_eof: Callable[[], None]) -> Client:
+    """A client for `server`; `on_eof` is called when a stdio server's output ends (it exited)."""
     target: Any
     if server.url is not None:
         target = server.url
@@ -390,9 +401,59 @@ def _client(server: McpServerConfig) -> Client:
         params = StdioServerParameters(command=program, args=args, env=dict(server.env), cwd=server.cwd)
         # The server's stderr goes to this process's own: the SDK's default is whatever `sys.stderr`
         # was when it was imported, which may be a stream with no file behind it (a captured one).
-        target = stdio_client(params, errlog=sys.__stderr__ or sys.stderr)
+        target = _eof_watched(stdio_client(params, errlog=sys.__stderr__ or sys.stderr), on_eof)
     # No response cache: discovery must see the server as it is, and calls are never cached.
     return Client(target, cache=None, client_info=CLIENT_INFO)
+
+
+@contextlib.asynccontextmanager
+async def _eof_watched(transport: Transport, on_eof: Callable[[], None]) -> AsyncIterator[tuple[Any, Any]]:
+    """`transport`, whose read stream calls `on_eof` when it ends.
+
+    The SDK's session notices the end too, but only its waiting requests hear of it: the client
+    stays open and a later request fails at once. A server that exited between calls would so fail
+    the next call, one that never reached it; with this, that call starts the server again
+    (docs/design.md#mcp-servers)."""
+    async with transport as (read, write):
+        yield _EofWatch(read, on_eof), write
+
+
+class _EofWatch:
+    """A transport's read stream (`mcp.shared._stream_protocols.ReadStream`) that reports its end."""
+
+    def __init__(self, inner: Any, on_eof: Callable[[], None]) -> None:
+        self._inner = inner
+        self._on_eof = on_eof
+
+    @property
+    def last_context(self) -> Any:   # the dispatcher reads it by getattr, when the stream has one
+        return getattr(self._inner, "last_context", None)
+
+    async def receive(self) -> Any:
+        try:
+            return await self._inner.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._on_eof()
+            raise
+
+    def __aiter__(self) -> _EofWatch:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> _EofWatch:
+        await self._inner.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        return await self._inner.__aexit__(*exc)  # type: ignore[no-any-return]
 
 
 async def _list_tools(client: Client) -> list[types.Tool]:
