@@ -758,3 +758,16 @@ def test_reactgate_actors_are_placed_only_on_the_worker_group(docs: list[dict[st
     assert resource not in offered(spec["headGroupSpec"])
     assert spec["workerGroupSpecs"] and all(offered(g).get(resource, 0) >= 1 for g in spec["workerGroupSpecs"])
     assert "--resources" not in " ".join(gateway_container(docs)["command"])  # the gateway's own node offers none
+
+
+def test_ray_workers_start_the_hosts_at_the_niceness_ray_backend_uses(docs: list[dict[str, Any]]) -> None:
+    # Ray starts workers at niceness 15 unless told (RAY_worker_niceness, read by each node's raylet);
+    # the hosts are the service, as for a Ray that RayBackend starts itself (actors/ray/config.py).
+    from actors.ray.config import WORKER_NICENESS
+
+    def niceness(group: dict[str, Any]) -> set[str | None]:
+        return {next((e.get("value") for e in c.get("env", []) if e["name"] == "RAY_worker_niceness"), None)
+                for c in group["template"]["spec"]["containers"]}
+
+    groups = find(docs, "RayCluster")["spec"]["workerGroupSpecs"]
+    assert groups and all(niceness(g) == {str(WORKER_NICENESS)} for g in groups)

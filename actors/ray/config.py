@@ -21,7 +21,8 @@ from actors.tools.registry import ToolRegistry
 # Ray starts workers at niceness 15; here the hosts *are* the service, and at 15 they yield to every
 # other process on a shared node (bench/hosting_bench.py measured it). The tests' own Ray uses it too
 # (tests/e2e.py `local_ray`): a host at 15 beside busy test workers starved, and a restarted one took
-# longer than a test waits to import LiteLLM.
+# longer than a test waits to import LiteLLM. The cluster's worker pods set it through the raylet's
+# environment (`RAY_worker_niceness`, k8s/raycluster.yaml).
 WORKER_NICENESS = 0
 
 
