@@ -223,6 +223,14 @@ def pids_matching(*needles: str) -> list[int]:
     return out
 
 
+# A starting Ray node has a fixed 30 s to register with the GCS (`raylet_start_wait_time_s` in
+# ray/_private/node.py, not a setting), then `ray start` exits with this. On a busy machine that is a
+# slow start, not a broken cluster: the node is started again, once — as KubeRay restarts a container
+# whose `ray start` failed (k8s/README.md).
+REGISTRATION_TIMED_OUT = b"timed out during startup"
+START_ATTEMPTS = 2
+
+
 def signal_group(pid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
@@ -273,24 +281,41 @@ class Cluster:
 
     def start(self, timeout_s: float = 120.0) -> None:
         self.start_head(timeout_s)
-        self.worker = self._ray_start("worker", [
+        self.worker = self._start_node("worker", lambda: [
             "--address", self.gcs_address, "--node-ip-address", "127.0.0.1", "--num-cpus", str(self.worker_cpus),
-            *node_ports()])
-        self._started("worker", self.worker, timeout_s)
+            *node_ports()], timeout_s)
 
     def start_head(self, timeout_s: float = 120.0) -> None:
         # --node-ip-address 127.0.0.1 is what we ask; Ray replaces a loopback IP with the machine's
         # own address (services.resolve_ip_for_localhost) and binds its gRPC servers to every
         # interface: on this machine the token is what keeps other callers out.
-        self.head = self._ray_start("head", [
+        self.head = self._start_node("head", lambda: [
             "--head", "--node-ip-address", "127.0.0.1", "--port", str(self.gcs_port),
             "--ray-client-server-port", str(self.client_port), "--num-cpus", str(self.head_cpus),
-            "--include-dashboard", "false", "--temp-dir", str(self.root / "ray"), *node_ports()])
-        self._started("head", self.head, timeout_s)
+            "--include-dashboard", "false", "--temp-dir", str(self.root / "ray"), *node_ports()], timeout_s)
 
-    def _started(self, name: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    def _start_node(self, name: str, args: Callable[[], list[str]], timeout_s: float) -> subprocess.Popen[bytes]:
+        """`ray start` of one node, tried again once if it timed out registering with the GCS
+        (`REGISTRATION_TIMED_OUT`); any other failure, or a second one, is the rehearsal's error."""
+        log = self.root / f"{name}.log"
+        for attempt in range(1, START_ATTEMPTS + 1):
+            offset = log.stat().st_size if log.exists() else 0
+            proc = self._ray_start(name, args())
+            try:
+                self._started(name, proc, timeout_s, offset)
+                return proc
+            except RuntimeError:
+                signal_group(proc.pid, signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(10)
+                if attempt == START_ATTEMPTS or REGISTRATION_TIMED_OUT not in log.read_bytes()[offset:]:
+                    raise
+                print(f"ray start of the {name} timed out registering with the GCS: starting it again", flush=True)
+        raise AssertionError("unreachable")
+
+    def _started(self, name: str, proc: subprocess.Popen[bytes], timeout_s: float, offset: int = 0) -> None:
         log, deadline = self.root / f"{name}.log", time.monotonic() + timeout_s
-        while b"Ray runtime started" not in log.read_bytes():
+        while b"Ray runtime started" not in log.read_bytes()[offset:]:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"ray start of the {name} failed:\n{log.read_text()[-3000:]}")
             time.sleep(0.1)
