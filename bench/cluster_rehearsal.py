@@ -223,10 +223,9 @@ def pids_matching(*needles: str) -> list[int]:
     return out
 
 
-# A starting Ray node has a fixed 30 s to register with the GCS (`raylet_start_wait_time_s` in
-# ray/_private/node.py, not a setting), then `ray start` exits with this. On a busy machine that is a
-# slow start, not a broken cluster: the node is started again, once — as KubeRay restarts a container
-# whose `ray start` failed (k8s/README.md).
+# `ray start` gives a starting node a fixed 30 s to register with the GCS (Ray has no setting for
+# it), then exits with this. On a busy machine that is a slow start, not a broken cluster: the node is
+# started again, once — as KubeRay restarts a container whose `ray start` failed (k8s/README.md).
 REGISTRATION_TIMED_OUT = b"timed out during startup"
 START_ATTEMPTS = 2
 

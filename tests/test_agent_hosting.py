@@ -39,7 +39,7 @@ from protocol.events import Event
 from protocol.notices import NoticeCode
 from tests.e2e import local_ray
 from tests.roundkit import action, call, thinking
-from tests.test_tools_mcp import HttpServer
+from tests.test_tools_mcp import HttpServer, running
 
 pytestmark = pytest.mark.ray
 OWNER = Owner(tenant="acme", sub="alice")
@@ -136,6 +136,8 @@ SCRIPTS: dict[str, list[dict[str, Any]]] = {
     # the MCP server dies under a call, is restarted, and the next turn uses it again
     "kill": [_round(action(call("notes.pid"))), _round(action(call("notes.slow", seconds=60))), _complete("Lost it."),
              _round(action(call("notes.pid"))), _complete("Back.")],
+    # the MCP server dies while no call runs; the next turn's call starts it again
+    "idle": [_round(action(call("notes.pid"))), _complete("Here."), _round(action(call("notes.pid"))), _complete("Still here.")],
     # a slow MCP tool is cut by its server's call_timeout_s
     "slow": [_round(action(call("slowpoke.slow", seconds=60))), _complete("Too slow.")],
     # the same server over streamable HTTP, next to a user tool
@@ -327,6 +329,22 @@ async def test_an_mcp_server_killed_mid_call_gives_a_failed_observation_and_is_b
     pids = [r.result["result"] for r in _named(events, "tool.result") if r.tool_id == "notes.pid" and r.ok]
     assert len(pids) == 2 and pids[1] != killed[0], _named(events, "tool.result")   # a new server process answered
     assert _named(events, "turn.completed")[1].final_answer == "Back."
+
+
+async def test_an_mcp_server_that_died_between_turns_is_started_again_by_the_next_call(backend: Any) -> None:
+    # Nothing was in flight, so no observation may fail: the next call gets a new server's answer.
+    cid = (await backend.open(OWNER, None, "idle", None)).conversation_id
+    events: list[Event] = []
+    await _turn(backend, cid, "Who answers?", events, 1)
+    [first] = [r.result["result"] for r in _named(events, "tool.result") if r.tool_id == "notes.pid" and r.ok]
+    os.kill(first, signal.SIGKILL)
+    while running(first):   # gone: its pipe to the pool has ended before the next turn is sent
+        await asyncio.sleep(0.02)
+    await _turn(backend, cid, "And now?", events, 2)
+    results = [r for r in _named(events, "tool.result") if r.tool_id == "notes.pid"]
+    assert [r.ok for r in results] == [True, True], results
+    assert results[1].result["result"] != first and running(results[1].result["result"])
+    assert _named(events, "turn.completed")[1].final_answer == "Still here."
 
 
 async def test_a_slow_mcp_tool_is_cut_by_call_timeout_s(backend: Any) -> None:

@@ -451,9 +451,7 @@ async def test_a_server_killed_mid_call_fails_that_call_and_the_next_call_starts
 
 async def test_a_server_killed_between_calls_is_started_again_by_the_next_call(
         pool: McpSessions, stdio: McpServerConfig) -> None:
-    # The next call sent nothing to the dead server, so it has no death to report: it starts a new
-    # one. (This is also where a call lands whose predecessor met the death but failed for another
-    # reason before the connection read as closed.)
+    # The next call sent nothing to the dead server, so it has no death to report: it starts a new one.
     pid = (await pool.call(stdio, "pid", {}))["result"]
     os.kill(pid, signal.SIGKILL)
     await until(lambda: ended(pool, "notes"))

@@ -419,7 +419,8 @@ async def _eof_watched(transport: Transport, on_eof: Callable[[], None]) -> Asyn
 
 
 class _EofWatch:
-    """A transport's read stream (`mcp.shared._stream_protocols.ReadStream`) that reports its end."""
+    """A transport's read stream that reports its end: what the SDK's session uses of one (receive,
+    `async for`, `async with`, and `last_context` where the stream has it) is passed through."""
 
     def __init__(self, inner: Any, on_eof: Callable[[], None]) -> None:
         self._inner = inner
@@ -432,7 +433,7 @@ class _EofWatch:
     async def receive(self) -> Any:
         try:
             return await self._inner.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
             self._on_eof()
             raise
 
