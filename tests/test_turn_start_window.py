@@ -22,6 +22,7 @@ store takes over.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +33,12 @@ from actors.identity import Owner
 from actors.llm.scripts import parse_script, register_script
 from actors.llm.stream import stream_model
 from actors.profile import parse_profile
+from actors.store.base import RoundOutput
 from actors.store.sqlite import SqliteStore
 from actors.tools.demo import demo_registry
 from actors.tools.durable import DurableTools
 from actors.tools.executor import LocalToolExecutor
+from protocol.events import Event
 from tests.roundkit import action, call, thinking
 from tests.watchkit import Watch, contiguous
 
@@ -107,12 +110,24 @@ async def test_a_host_lost_before_the_turn_start_checkpoint_leaves_the_turn_to_b
         await first.stop()
 
 
-class NoSnapshots(SqliteStore):
-    """A store whose snapshot saves never finish: the host dies before any checkpoint holds the message."""
+class DiesAtTurnStart(SqliteStore):
+    """The first host's store: the host dies once its `turn.started` is durable, before any checkpoint
+    holds the message. Nothing it writes after that finishes — no snapshot, and no event either: a
+    host that went on appending its round would be a second writer beside its successor (on a loaded
+    machine it did, and the successor's append met `SeqConflict`)."""
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.never = asyncio.Event()
+        self.dead = False
+
+    async def append_events(self, conversation_id: str, events: Sequence[Event],
+                            outputs: Sequence[RoundOutput] = ()) -> None:
+        if self.dead:
+            await self.never.wait()
+            return
+        await super().append_events(conversation_id, events, outputs)
+        self.dead = any(e.event == "turn.started" for e in events)
 
     async def save_snapshot(self, key: str, seq: int, data: bytes) -> None:
         await self.never.wait()
@@ -123,7 +138,7 @@ async def test_a_message_only_the_log_holds_is_queued_again_and_its_resend_is_a_
     died before a checkpoint held it. Re-activated elsewhere, the message runs once; the client's resend
     — the gateway's own retry on the new host, or the client's — is acked `duplicate`, and nothing is lost."""
     registry = demo_registry()
-    first_store = NoSnapshots(tmp_path / "window.db")
+    first_store = DiesAtTurnStart(tmp_path / "window.db")
     first = _backend(first_store, DurableTools(LocalToolExecutor(registry), first_store))
     await first.start()
     second_store = SqliteStore(tmp_path / "window.db")
@@ -140,6 +155,7 @@ async def test_a_message_only_the_log_holds_is_queued_again_and_its_resend_is_a_
         watch = Watch(second, cid, owner=OWNER)
         await second.open(OWNER, cid, None, None)
         await watch.until_event("turn.completed", timeout=30)
+        assert first_store.dead                              # the first host wrote nothing after turn.started
         assert await second.command(OWNER, cid, UserMessage("m1", "weather?")) == "duplicate"
         await watch.stop()
         log = await second_store.read_events(cid, 0)
