@@ -60,10 +60,12 @@ def small_disk() -> Iterator[Path]:
 
 
 def fill(disk: Path, leave: int = 8 * 1024) -> Path:
-    """A filler file taking all but `leave` bytes of the disk."""
+    """A filler file taking all but `leave` bytes of the disk, or all of it if the store grew meanwhile.
+
+    Unbuffered: a write that meets the full disk leaves nothing in a buffer for `close` to fail on."""
     filler = disk / "filler"
     free = shutil.disk_usage(disk).free
-    with filler.open("wb") as f, contextlib.suppress(OSError):
+    with filler.open("wb", buffering=0) as f, contextlib.suppress(OSError):
         f.write(b"\0" * max(0, free - leave))
     return filler
 
