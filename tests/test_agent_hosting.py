@@ -35,11 +35,12 @@ from actors.ray.config import RayConfig
 from actors.store import store_from_url
 from actors.tools.durable import DurableTools
 from actors.tools.executor import LocalToolExecutor
+from actors.tools.mcp import sessions
 from protocol.events import Event
 from protocol.notices import NoticeCode
 from tests.e2e import local_ray
 from tests.roundkit import action, call, thinking
-from tests.test_tools_mcp import HttpServer, running
+from tests.test_tools_mcp import HttpServer, ended, running
 
 pytestmark = pytest.mark.ray
 OWNER = Owner(tenant="acme", sub="alice")
@@ -338,13 +339,20 @@ async def test_an_mcp_server_that_died_between_turns_is_started_again_by_the_nex
     await _turn(backend, cid, "Who answers?", events, 1)
     [first] = [r.result["result"] for r in _named(events, "tool.result") if r.tool_id == "notes.pid" and r.ok]
     os.kill(first, signal.SIGKILL)
-    while running(first):   # gone: its pipe to the pool has ended before the next turn is sent
-        await asyncio.sleep(0.02)
+    await _gone_for_its_pool(backend, first)
     await _turn(backend, cid, "And now?", events, 2)
     results = [r for r in _named(events, "tool.result") if r.tool_id == "notes.pid"]
     assert [r.ok for r in results] == [True, True], results
     assert results[1].result["result"] != first and running(results[1].result["result"])
     assert _named(events, "turn.completed")[1].final_answer == "Still here."
+
+
+async def _gone_for_its_pool(backend: Any, pid: int) -> None:
+    """Until the killed server `pid` is dead between calls: reaped, so every thread of it has exited
+    and its pipe to the pool has ended — a zombie's other threads may still hold it — and, on the
+    local backend, whose pool runs on this loop, until that pool has read the end."""
+    while Path(f"/proc/{pid}").exists() or (isinstance(backend, LocalBackend) and not ended(sessions(), "notes")):
+        await asyncio.sleep(0.02)
 
 
 async def test_a_slow_mcp_tool_is_cut_by_call_timeout_s(backend: Any) -> None:
