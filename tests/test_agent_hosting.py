@@ -40,7 +40,7 @@ from protocol.events import Event
 from protocol.notices import NoticeCode
 from tests.e2e import local_ray
 from tests.roundkit import action, call, thinking
-from tests.test_tools_mcp import HttpServer, ended, running
+from tests.test_tools_mcp import HttpServer, ended, running, server_main
 
 pytestmark = pytest.mark.ray
 OWNER = Owner(tenant="acme", sub="alice")
@@ -108,13 +108,7 @@ def whoami(ctx: Context) -> dict:
     """Who is asking, as the request's _meta says."""
     meta = ctx.request_context.meta or {}
     return {"caller": dict(meta).get("reactgate/caller")}
-
-
-if len(sys.argv) > 1:   # the same server over streamable HTTP, on this loopback port
-    server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[1]))
-else:
-    server.run()
-'''
+''' + server_main("server")   # stdio, or over streamable HTTP on a loopback port (of either era)
 
 
 def _round(*parts: str) -> dict[str, Any]:
@@ -143,12 +137,15 @@ SCRIPTS: dict[str, list[dict[str, Any]]] = {
     "slow": [_round(action(call("slowpoke.slow", seconds=60))), _complete("Too slow.")],
     # the same server over streamable HTTP, next to a user tool
     "http": [_round(LOOKUP, action(call("web.read_note", key="a"))), _complete("A1 shipped; milk, over HTTP.")],
+    # a server of MCP's handshake era restarts between turns: the next call finds it on a new session
+    "oldweb": [_round(action(call("oldweb.pid"))), _complete("Here."), _round(action(call("oldweb.pid"))),
+               _complete("Still here.")],
     # a user tool and an MCP tool read who is calling (docs/design.md#your-tools)
     "who": [_round(action(call("acme.whoami")), action(call("notes.whoami"))), _complete("I know who you are.")],
 }
 
 
-def _profile(name: str, tmp: Path, url: str) -> str:
+def _profile(name: str, tmp: Path, url: str, old_url: str) -> str:
     started = tmp / "started"
     return textwrap.dedent(f'''
         name = "{name}"
@@ -192,6 +189,12 @@ def _profile(name: str, tmp: Path, url: str) -> str:
         url = "{url}"
         [mcp_servers.tools]
         read_note = {{ trait = "exploration" }}
+
+        [[mcp_servers]]
+        name = "oldweb"
+        url = "{old_url}"
+        [mcp_servers.tools]
+        pid = {{ trait = "exploration" }}
     ''')
 
 
@@ -202,17 +205,20 @@ def agents(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     (root / "notes_server.py").write_text(NOTES_SERVER)
     web = HttpServer(root / "notes_server.py", root / "web-started", root / "web.log")
     web.start()
+    oldweb = HttpServer(root / "notes_server.py", root / "oldweb-started", root / "oldweb.log", era="handshake-era")
+    oldweb.start()
     loaded: dict[str, Agent] = {}
     scripts = {}
     for name, rounds in SCRIPTS.items():
-        (root / f"{name}.toml").write_text(_profile(name, root, web.url))
+        (root / f"{name}.toml").write_text(_profile(name, root, web.url, oldweb.url))
         script = root / f"{name}.json"
         script.write_text(json.dumps({"rounds": rounds}))
         register_script(f"agent-{name}", script)
         scripts[f"agent-{name}"] = str(script)
         loaded[name] = asyncio.run(load_agent(root / f"{name}.toml"))
-    yield {"root": root, "agents": loaded, "scripts": scripts}
+    yield {"root": root, "agents": loaded, "scripts": scripts, "oldweb": oldweb}
     web.stop()
+    oldweb.stop()
 
 
 @pytest.fixture(scope="module")
@@ -344,6 +350,24 @@ async def test_an_mcp_server_that_died_between_turns_is_started_again_by_the_nex
     results = [r for r in _named(events, "tool.result") if r.tool_id == "notes.pid"]
     assert [r.ok for r in results] == [True, True], results
     assert results[1].result["result"] != first and running(results[1].result["result"])
+    assert _named(events, "turn.completed")[1].final_answer == "Still here."
+
+
+async def test_an_http_mcp_server_of_the_handshake_era_restarted_between_turns_answers_the_next_call(
+    backend: Any, agents: dict[str, Any]
+) -> None:
+    # It lost the session with its restart and answers the next call's request with HTTP 404, having
+    # run nothing: the call goes again on a new session, and no observation fails.
+    cid = (await backend.open(OWNER, None, "oldweb", None)).conversation_id
+    events: list[Event] = []
+    await _turn(backend, cid, "Who answers?", events, 1)
+    oldweb: HttpServer = agents["oldweb"]
+    oldweb.stop()
+    oldweb.start()
+    await _turn(backend, cid, "And now?", events, 2)
+    results = [r for r in _named(events, "tool.result") if r.tool_id == "oldweb.pid"]
+    assert [r.ok for r in results] == [True, True], results
+    assert results[1].result["result"] != results[0].result["result"] and running(results[1].result["result"])
     assert _named(events, "turn.completed")[1].final_answer == "Still here."
 
 

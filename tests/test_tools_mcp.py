@@ -37,6 +37,59 @@ from actors.tools.mcp import (
 
 BOUND_S = 20.0   # a generous bound for one condition
 
+def server_main(server: str) -> str:
+    """The end of a test MCP server script whose server object is named `server`: stdio with no
+    argument, streamable HTTP on the port in argv[1]; with argv[2], "handshake-era", the HTTP server
+    as one from before MCP's 2026 protocol answers a client (shared with tests/test_agent_hosting.py);
+    "forgetful", such a server that answers every tool call as a session it no longer knows, counting
+    them in $NOTES_STARTED."""
+    return """
+
+def handshake_era_only(app, forgetful):
+    \"\"\"`app` as a server from before MCP's 2026 protocol answers a client: it knows only the initialize
+    handshake and its sessions, and refuses any other request as 2025-era SDK servers did.\"\"\"
+    from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+
+    async def refuse(send, status, content_type, body):
+        await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", content_type)]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def asgi(scope, receive, send):
+        if scope["type"] == "http":
+            headers = dict(scope["headers"])
+            version = headers.get(b"mcp-protocol-version", b"").decode()
+            if version and version not in HANDSHAKE_PROTOCOL_VERSIONS:
+                return await refuse(send, 400, b"text/plain", b"Bad Request: Missing session ID")
+            if forgetful and scope["method"] == "POST":
+                body, more = b"", True
+                while more:
+                    message = await receive()
+                    body, more = body + message.get("body", b""), message.get("more_body", False)
+                if b'"tools/call"' in body:
+                    with open(os.environ["NOTES_STARTED"], "a") as calls:
+                        calls.write("x")
+                    return await refuse(send, 404, b"application/json",
+                                        b'{"jsonrpc": "2.0", "id": null, "error": {"code": -32600, "message": "Session not found"}}')
+                replay, original = [{"type": "http.request", "body": body, "more_body": False}], receive
+
+                async def receive():   # the body again, for the app
+                    return replay.pop() if replay else await original()
+        await app(scope, receive, send)
+    return asgi
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2:   # sys.argv[2]: "handshake-era" or "forgetful"
+        import uvicorn
+        uvicorn.run(handshake_era_only(SERVER.streamable_http_app(), sys.argv[2] == "forgetful"), host="127.0.0.1",
+                    port=int(sys.argv[1]), log_level="warning")
+    elif len(sys.argv) > 1:
+        SERVER.run("streamable-http", host="127.0.0.1", port=int(sys.argv[1]))
+    else:
+        SERVER.run()
+""".replace("SERVER", server)
+
+
 NOTES_SERVER = '''
 import os
 import pathlib
@@ -111,14 +164,7 @@ def plain() -> str:
 def snapshot() -> list:
     """A caption and an image."""
     return ["a caption", Image(data=b"not really a png", format="png")]
-
-
-if __name__ == "__main__":
-    if len(sys.argv) > 1:
-        mcp.run("streamable-http", host="127.0.0.1", port=int(sys.argv[1]))
-    else:
-        mcp.run()
-'''
+''' + server_main("mcp")
 
 DECLARED = {
     "read_note": McpToolEntry(trait=Trait.EXPLORATION),
@@ -181,15 +227,17 @@ class HttpServer:
     """The notes server over streamable HTTP on 127.0.0.1, as a subprocess that can be killed and
     started again on the same port."""
 
-    def __init__(self, script: Path, started: Path, log: Path) -> None:
+    def __init__(self, script: Path, started: Path, log: Path, *, era: str = "") -> None:
+        """`era`: "" (MCP's 2026 protocol), or "handshake-era" / "forgetful" (`server_main`)."""
         self.script, self.started, self.log = script, started, log
+        self.era = [era] if era else []
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/mcp"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         with self.log.open("ab") as log:
-            self.proc = subprocess.Popen([sys.executable, str(self.script), str(self.port)], stdout=log, stderr=log,
+            self.proc = subprocess.Popen([sys.executable, str(self.script), str(self.port), *self.era], stdout=log, stderr=log,
                                          env={**os.environ, "NOTES_STARTED": str(self.started)})
         deadline = time.monotonic() + BOUND_S
         while not self._accepts():
@@ -526,6 +574,38 @@ async def test_an_http_server_that_restarts_is_found_again(
     http_server.start()
     restarted = (await answer(pool, http, "pid", {}))["result"]
     assert restarted != pid
+
+
+@pytest.mark.parametrize("era", ["", "handshake-era"], ids=["2026-protocol", "handshake-era"])
+async def test_an_http_server_restarted_between_calls_answers_the_next_call(
+        pool: McpSessions, script: Path, started: Path, tmp_path: Path, era: str) -> None:
+    # Nothing was in flight when it went away, so the next call must not fail for it either. A server
+    # of the handshake era answers HTTP 404 to the session it lost with its restart: it ran nothing.
+    server = HttpServer(script, started, tmp_path / "http-server.log", era=era)
+    server.start()
+    try:
+        http = McpServerConfig(name="notes", url=server.url, tools=DECLARED)
+        pid = (await pool.call(http, "pid", {}))["result"]
+        server.stop()
+        server.start()
+        restarted = (await pool.call(http, "pid", {}))["result"]
+        assert restarted != pid and running(restarted)
+        assert await pool.call(http, "pid", {}) == {"result": restarted}
+    finally:
+        server.stop()
+
+
+async def test_a_server_that_forgets_the_new_session_too_fails_the_call_after_one_more_try(
+        pool: McpSessions, script: Path, started: Path, tmp_path: Path) -> None:
+    server = HttpServer(script, started, tmp_path / "http-server.log", era="forgetful")
+    server.start()
+    try:
+        http = McpServerConfig(name="notes", url=server.url, tools=DECLARED)
+        with pytest.raises(McpCallFailed, match=r"^mcp server 'notes' is unavailable: Session not found$"):
+            await pool.call(http, "pid", {})
+        assert started.read_text() == "xx"   # the call, and once more on a new session: no further
+    finally:
+        server.stop()
 
 
 # --- lifetime ----------------------------------------------------------------------------------

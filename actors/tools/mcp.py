@@ -11,7 +11,9 @@ A call's failure is an `McpCallFailed` whose text the executor hands the model a
 observation (docs/design.md#observations): the tool's own `isError` text, a cut at
 `call_timeout_s`, or a server that died. A dead server fails only the calls that were in flight
 on it; its session is dropped and the next call starts it again — whether the death was met by a
-call or happened between calls — so the next turn finds it back. A server
+call or happened between calls — so the next turn finds it back. An HTTP server that answers
+that it no longer knows the session (it restarted) ran nothing: the call goes once more on a new
+session (docs/design.md#mcp-servers). A server
 that keeps failing — it dies again before answering a call, or will not start — is left alone for
 an exponential backoff (`RESTART_BACKOFF`: 0.2 s doubling to 5 s), and calls inside it fail at once
 ("restarting") rather than piling onto a server that keeps dying.
@@ -63,9 +65,17 @@ RESTART_BACKOFF: Final = Backoff(first_s=0.2, max_s=5.0)
 
 CLIENT_INFO: Final = types.Implementation(name="reactgate", version="0.1.0")
 
-# The streamable HTTP client's only word for "the server no longer knows this session" (it
-# restarted, or expired us) is this synthesized error; the session is as lost as a closed pipe.
-_SESSION_TERMINATED = (types.INVALID_REQUEST, "Session terminated")
+# A server of MCP's handshake era that no longer knows our session (it restarted, or expired it)
+# refuses the request, having run nothing, and the transport's rule is to start a new session. The
+# SDK's client reports the refusal as the server's own JSON-RPC error when it carries one, else as
+# "Session terminated" (a bare 404). What the servers say, as they say it:
+_SESSION_GONE: Final = frozenset({
+    (types.INVALID_REQUEST, "Session terminated"),          # a 404 with no JSON-RPC error (the SDK client's)
+    (types.INVALID_REQUEST, "Session not found"),           # 404, the Python SDK's servers
+    (-32001, "Session not found"),                          # 404, the TypeScript SDK's transport
+    (-32000, "Bad Request: Server not initialized"),        # 400, the same, restarted with a single session
+    (-32000, "Bad Request: No valid session ID provided"),  # 400, the TypeScript SDK's examples' session map
+})
 
 
 
@@ -170,24 +180,39 @@ class McpSessions:
         if tool not in server.tools:   # only declared tools are ever offered, so never called
             raise ValueError(f"{server.tool_id(tool)} is not a declared tool of mcp server '{server.name}'")
         slot = self._slot(server)
-        connection = await self._connection(slot)
-        deadline = asyncio.timeout(server.call_timeout_s)
         try:
-            async with deadline:
-                result = await connection.call_tool(tool, arguments, meta)
-        except Exception as exc:
-            if isinstance(exc, TimeoutError) and deadline.expired():
-                # The SDK told the server to stop; the session itself is fine.
-                raise McpCallFailed(f"{server.tool_id(tool)}: no answer within {server.call_timeout_s:g} s") from None
-            if _session_lost(exc) or not connection.alive:
-                reason = connection.ended or _describe(exc)
-                self._lose(slot, connection, reason)
-                raise McpCallFailed(_unavailable(server, reason)) from exc
-            raise McpCallFailed(f"{server.tool_id(tool)}: {_describe(exc)}") from exc
+            result = await self._call_once(slot, tool, arguments, meta, may_resend=True)
+        except _SessionGone:
+            # The server ran nothing (it no longer knew the session), so the call goes once more,
+            # on a new session; a second such answer fails it.
+            result = await self._call_once(slot, tool, arguments, meta, may_resend=False)
         slot.failures = 0
         if result.is_error:
             raise McpCallFailed(f"{server.tool_id(tool)}: {_text(result) or 'the tool reported an error'}")
         return _result_json(result)
+
+    async def _call_once(self, slot: _Slot, tool: str, arguments: dict[str, Any], meta: dict[str, Any] | None,
+                         *, may_resend: bool) -> types.CallToolResult:
+        """One try of a call on the slot's session; `_SessionGone` when the server answered that it
+        no longer knows the session and `may_resend`."""
+        server = slot.server
+        connection = await self._connection(slot)
+        deadline = asyncio.timeout(server.call_timeout_s)
+        try:
+            async with deadline:
+                return await connection.call_tool(tool, arguments, meta)
+        except Exception as exc:
+            if isinstance(exc, TimeoutError) and deadline.expired():
+                # The SDK told the server to stop; the session itself is fine.
+                raise McpCallFailed(f"{server.tool_id(tool)}: no answer within {server.call_timeout_s:g} s") from None
+            gone = _session_gone(exc)
+            if gone or _closed(exc) or not connection.alive:
+                reason = connection.ended or _describe(exc)
+                self._lose(slot, connection, reason)
+                if gone and may_resend:
+                    raise _SessionGone from exc
+                raise McpCallFailed(_unavailable(server, reason)) from exc
+            raise McpCallFailed(f"{server.tool_id(tool)}: {_describe(exc)}") from exc
 
     async def close(self) -> None:
         """Stop every session and server process; the pool may be used again afterwards."""
@@ -509,10 +534,16 @@ def _text(result: types.CallToolResult) -> str:
     return "\n".join(block.text for block in result.content if isinstance(block, types.TextContent))
 
 
-def _session_lost(exc: Exception) -> bool:
-    return isinstance(exc, MCPError) and (
-        exc.code == types.CONNECTION_CLOSED or (exc.code, exc.message) == _SESSION_TERMINATED
-    )
+class _SessionGone(Exception):
+    """The server answered that it no longer knows the session: it ran nothing."""
+
+
+def _session_gone(exc: Exception) -> bool:
+    return isinstance(exc, MCPError) and (exc.code, exc.message) in _SESSION_GONE
+
+
+def _closed(exc: Exception) -> bool:
+    return isinstance(exc, MCPError) and exc.code == types.CONNECTION_CLOSED
 
 
 def _unavailable(server: McpServerConfig, reason: str) -> str:
