@@ -37,6 +37,7 @@ from actors.tools.mcp import (
 
 BOUND_S = 20.0   # a generous bound for one condition
 
+
 def server_main(server: str) -> str:
     """The end of a test MCP server script whose server object is named `server`: stdio with no
     argument, streamable HTTP on the port in argv[1]; with argv[2], "handshake-era", the HTTP server
