@@ -7,6 +7,7 @@ Every wait is a condition bounded by a generous timeout; no test asserts a durat
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import pickle
 import signal
@@ -42,11 +43,11 @@ def server_main(server: str) -> str:
     """The end of a test MCP server script whose server object is named `server`: stdio with no
     argument, streamable HTTP on the port in argv[1]; with argv[2], "handshake-era", the HTTP server
     as one from before MCP's 2026 protocol answers a client (shared with tests/test_agent_hosting.py);
-    "forgetful", such a server that answers every tool call as a session it no longer knows, counting
-    them in $NOTES_STARTED."""
+    "forgetful", such a server that answers every tool call as a session it no longer knows — with the
+    HTTP status and body in argv[3] (JSON) — counting them in $NOTES_STARTED."""
     return """
 
-def handshake_era_only(app, forgetful):
+def handshake_era_only(app, refusal):
     \"\"\"`app` as a server from before MCP's 2026 protocol answers a client: it knows only the initialize
     handshake and its sessions, and refuses any other request as 2025-era SDK servers did.\"\"\"
     from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
@@ -61,7 +62,7 @@ def handshake_era_only(app, forgetful):
             version = headers.get(b"mcp-protocol-version", b"").decode()
             if version and version not in HANDSHAKE_PROTOCOL_VERSIONS:
                 return await refuse(send, 400, b"text/plain", b"Bad Request: Missing session ID")
-            if forgetful and scope["method"] == "POST":
+            if refusal is not None and scope["method"] == "POST":
                 body, more = b"", True
                 while more:
                     message = await receive()
@@ -69,8 +70,9 @@ def handshake_era_only(app, forgetful):
                 if b'"tools/call"' in body:
                     with open(os.environ["NOTES_STARTED"], "a") as calls:
                         calls.write("x")
-                    return await refuse(send, 404, b"application/json",
-                                        b'{"jsonrpc": "2.0", "id": null, "error": {"code": -32600, "message": "Session not found"}}')
+                    status, body = refusal
+                    return await refuse(send, status, b"application/json" if body.startswith("{") else b"text/plain",
+                                        body.encode())
                 replay, original = [{"type": "http.request", "body": body, "more_body": False}], receive
 
                 async def receive():   # the body again, for the app
@@ -80,9 +82,10 @@ def handshake_era_only(app, forgetful):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 2:   # sys.argv[2]: "handshake-era" or "forgetful"
-        import uvicorn
-        uvicorn.run(handshake_era_only(SERVER.streamable_http_app(), sys.argv[2] == "forgetful"), host="127.0.0.1",
+    if len(sys.argv) > 2:   # sys.argv[2]: "handshake-era", or "forgetful" and its refusal
+        import json, uvicorn
+        refusal = json.loads(sys.argv[3]) if sys.argv[2] == "forgetful" else None
+        uvicorn.run(handshake_era_only(SERVER.streamable_http_app(), refusal), host="127.0.0.1",
                     port=int(sys.argv[1]), log_level="warning")
     elif len(sys.argv) > 1:
         SERVER.run("streamable-http", host="127.0.0.1", port=int(sys.argv[1]))
@@ -228,10 +231,12 @@ class HttpServer:
     """The notes server over streamable HTTP on 127.0.0.1, as a subprocess that can be killed and
     started again on the same port."""
 
-    def __init__(self, script: Path, started: Path, log: Path, *, era: str = "") -> None:
-        """`era`: "" (MCP's 2026 protocol), or "handshake-era" / "forgetful" (`server_main`)."""
+    def __init__(self, script: Path, started: Path, log: Path, *, era: str = "",
+                 refusal: tuple[int, str] | None = None) -> None:
+        """`era`: "" (MCP's 2026 protocol), "handshake-era", or "forgetful" with its `refusal`, an
+        HTTP status and body (`server_main`)."""
         self.script, self.started, self.log = script, started, log
-        self.era = [era] if era else []
+        self.era = [era, *([json.dumps(refusal)] if refusal else [])] if era else []
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/mcp"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -596,13 +601,31 @@ async def test_an_http_server_restarted_between_calls_answers_the_next_call(
         server.stop()
 
 
+def rpc_error(code: int, message: str) -> str:
+    return json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}})
+
+
+# Every refusal of actors/tools/mcp.py `_SESSION_GONE`, as the servers send it, and what the model reads.
+REFUSALS = {
+    "bare-404": ((404, "Not Found"), "Session terminated"),
+    "python-sdk": ((404, rpc_error(-32600, "Session not found")), "Session not found"),
+    "typescript-sdk": ((404, rpc_error(-32001, "Session not found")), "Session not found"),
+    "typescript-restarted": ((400, rpc_error(-32000, "Bad Request: Server not initialized")),
+                             "Bad Request: Server not initialized"),
+    "typescript-examples": ((400, rpc_error(-32000, "Bad Request: No valid session ID provided")),
+                            "Bad Request: No valid session ID provided"),
+}
+
+
+@pytest.mark.parametrize("refusal", REFUSALS)
 async def test_a_server_that_forgets_the_new_session_too_fails_the_call_after_one_more_try(
-        pool: McpSessions, script: Path, started: Path, tmp_path: Path) -> None:
-    server = HttpServer(script, started, tmp_path / "http-server.log", era="forgetful")
+        pool: McpSessions, script: Path, started: Path, tmp_path: Path, refusal: str) -> None:
+    answer, reason = REFUSALS[refusal]
+    server = HttpServer(script, started, tmp_path / "http-server.log", era="forgetful", refusal=answer)
     server.start()
     try:
         http = McpServerConfig(name="notes", url=server.url, tools=DECLARED)
-        with pytest.raises(McpCallFailed, match=r"^mcp server 'notes' is unavailable: Session not found$"):
+        with pytest.raises(McpCallFailed, match=rf"^mcp server 'notes' is unavailable: {reason}$"):
             await pool.call(http, "pid", {})
         assert started.read_text() == "xx"   # the call, and once more on a new session: no further
     finally:

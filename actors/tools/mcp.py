@@ -555,7 +555,9 @@ def _describe(exc: BaseException) -> str:
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
     if isinstance(exc, MCPError):
-        return "the connection closed" if exc.code == types.CONNECTION_CLOSED else exc.message
+        # The SDK's own word for a closed connection; a server's -32000 (the same code) says its own.
+        closed = (exc.code, exc.message) == (types.CONNECTION_CLOSED, "Connection closed")
+        return "the connection closed" if closed else exc.message
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
