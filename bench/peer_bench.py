@@ -1235,7 +1235,8 @@ def summary(rows: list[Row], systems: list[str], bar_ms: float) -> None:
             mine, theirs = best.get(ours), best.get("peer")
             if other == "peer" and mine and theirs:
                 print(f"  largest N within the bar: {mine} / {theirs} = {mine / theirs:.2f}×")
-    per_core(rows, systems, bar_ms)
+    per_core_at = per_core(rows, systems, bar_ms)
+    bars(rows, per_core_at, bar_ms)
     peer_rejoins = [j for r in rows if r.system == "peer" and r.result for j in r.result["rejoins"]]
     if peer_rejoins:
         print(f"\npeer rejoins: {len(peer_rejoins)}, with a duplicate {sum(1 for j in peer_rejoins if j['dup'])}, "
@@ -1248,7 +1249,7 @@ def conversations_per_core(us_per_chunk: float) -> float:
     return 1e6 / (us_per_chunk / CHUNK_S)
 
 
-def per_core(rows: list[Row], systems: list[str], bar_ms: float) -> None:
+def per_core(rows: list[Row], systems: list[str], bar_ms: float) -> dict[tuple[str, bool], float]:
     """Conversations per core, judged the way issue 23 asks: by the server's CPU per delivered chunk at a
     load where p99 ≤ the bar holds (the lowest of a system's passing N), and, apart, by CPU alone at
     any N (what a system costs whatever its latency)."""
@@ -1276,6 +1277,58 @@ def per_core(rows: list[Row], systems: list[str], bar_ms: float) -> None:
                 print(f"  reactgate {ours} / peer, {how}: {mine / theirs:.1f}×")
             elif mine and "peer" in systems:
                 print(f"  reactgate {ours} / peer, {how}: not defined (the peer has no N {how})")
+    return at
+
+
+# Issue 23's bars, judged on this run's rows (bench/README.md, "Toward 1,000 conversations per core"). A
+# comparison is made at BAR_N when both systems ran there, else at the largest N both ran, which is said.
+BAR_N = 300
+LOCAL_US_BAR = 100.0      # local's server µs per chunk at BAR_N, within the p99 bar
+RAY_OVER_LOCAL_BAR = 1.3
+PEER_MULTIPLE_BAR = 10.0  # local's conversations per core within the p99 bar over the peer's
+RELAY_MULTIPLE_BAR = 2.0  # local's server µs per chunk over the relay's
+
+
+def bars(rows: list[Row], per_core_at: dict[tuple[str, bool], float], bar_ms: float) -> None:
+    by = {(r.system, r.users): r for r in rows if r.server_us is not None}
+
+    def pair(a: str, b: str) -> tuple[Row, Row] | None:
+        common = sorted(n for (s, n) in by if s == a and (b, n) in by)
+        if not common:
+            return None
+        n = BAR_N if BAR_N in common else common[-1]
+        return by[(a, n)], by[(b, n)]
+
+    def at_n(row: Row) -> str:
+        return "" if row.users == BAR_N else f" (at N = {row.users}: not run at {BAR_N})"
+
+    judged: list[tuple[str, str, bool | None]] = []
+    local = by.get(("local", BAR_N))
+    if local is not None and local.server_us is not None and local.result is not None:
+        judged.append((f"local ≤ {LOCAL_US_BAR:g} µs per chunk at N = {BAR_N}, p99 ≤ {bar_ms:g} ms",
+                       f"{local.server_us:,.0f} µs, p99 {fmt(local.result['lat_p99_ms'], '.0f')} ms",
+                       local.server_us <= LOCAL_US_BAR and local.passes(bar_ms)))
+    for (ours, other, limit, label) in (("ray", "local", RAY_OVER_LOCAL_BAR, "ray ≤ {:g}× local"),
+                                        ("local", "relay", RELAY_MULTIPLE_BAR, "local ≤ {:g}× the relay")):
+        found = pair(ours, other)
+        if found is not None:
+            a, b = found
+            assert a.server_us is not None and b.server_us is not None
+            judged.append((label.format(limit), f"{a.server_us / b.server_us:.2f}×{at_n(a)}",
+                           a.server_us <= limit * b.server_us))
+    mine, theirs = per_core_at.get(("local", True)), per_core_at.get(("peer", True))
+    if mine is not None and ("peer", False) in per_core_at:
+        judged.append((f"local ≥ {PEER_MULTIPLE_BAR:g}× the peer's conversations per core, within the p99 bar",
+                       f"{mine / theirs:.1f}×" if theirs else "the peer has no N within the bar",
+                       mine >= PEER_MULTIPLE_BAR * theirs if theirs else None))
+    results = [r.result for r in rows if r.result]
+    if results:
+        wrong = sum(r[k] for r in results for k in ("lost", "dup", "ooo", "cut_lost", "cut_dup", "cut_ooo"))
+        judged.append(("0 lost, duplicated or out of order, rejoins included", f"{wrong} in {len(results)} runs",
+                       wrong == 0))
+    print("\nissue 23's bars, in this run:")
+    for bar, measured, met in judged:
+        print(f"  {'PASS' if met else 'FAIL' if met is False else '-':4}  {bar}: {measured}")
 
 
 def main() -> int:
