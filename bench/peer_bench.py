@@ -1317,10 +1317,11 @@ def bars(rows: list[Row], per_core_at: dict[tuple[str, bool], float], bar_ms: fl
             judged.append((label.format(limit), f"{a.server_us / b.server_us:.2f}×{at_n(a)}",
                            a.server_us <= limit * b.server_us))
     mine, theirs = per_core_at.get(("local", True)), per_core_at.get(("peer", True))
-    if mine is not None and ("peer", False) in per_core_at:
+    if ("local", False) in per_core_at and ("peer", False) in per_core_at:   # both ran
         judged.append((f"local ≥ {PEER_MULTIPLE_BAR:g}× the peer's conversations per core, within the p99 bar",
-                       f"{mine / theirs:.1f}×" if theirs else "the peer has no N within the bar",
-                       mine >= PEER_MULTIPLE_BAR * theirs if theirs else None))
+                       "local has no N within the bar" if mine is None
+                       else f"{mine / theirs:.1f}×" if theirs else "the peer has no N within the bar",
+                       False if mine is None else mine >= PEER_MULTIPLE_BAR * theirs if theirs else None))
     results = [r.result for r in rows if r.result]
     if results:
         wrong = sum(r[k] for r in results for k in ("lost", "dup", "ooo", "cut_lost", "cut_dup", "cut_ooo"))
