@@ -1316,12 +1316,17 @@ def bars(rows: list[Row], per_core_at: dict[tuple[str, bool], float], bar_ms: fl
             assert a.server_us is not None and b.server_us is not None
             judged.append((label.format(limit), f"{a.server_us / b.server_us:.2f}×{at_n(a)}",
                            a.server_us <= limit * b.server_us))
-    mine, theirs = per_core_at.get(("local", True)), per_core_at.get(("peer", True))
     if ("local", False) in per_core_at and ("peer", False) in per_core_at:   # both ran
+        mine, theirs = per_core_at.get(("local", True)), per_core_at.get(("peer", True))
+        met: bool | None
+        if mine is None:
+            measured, met = "local has no N within the bar", False
+        elif theirs is None:
+            measured, met = "the peer has no N within the bar", None   # undecided: the ratio is not defined
+        else:
+            measured, met = f"{mine / theirs:.1f}×", mine >= PEER_MULTIPLE_BAR * theirs
         judged.append((f"local ≥ {PEER_MULTIPLE_BAR:g}× the peer's conversations per core, within the p99 bar",
-                       "local has no N within the bar" if mine is None
-                       else f"{mine / theirs:.1f}×" if theirs else "the peer has no N within the bar",
-                       False if mine is None else mine >= PEER_MULTIPLE_BAR * theirs if theirs else None))
+                       measured, met))
     results = [r.result for r in rows if r.result]
     if results:
         wrong = sum(r[k] for r in results for k in ("lost", "dup", "ooo", "cut_lost", "cut_dup", "cut_ooo"))
